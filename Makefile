@@ -1,0 +1,55 @@
+# The commands the README names. Each sets up what is missing first (venv, model) and
+# is quick the second time: the venv is rebuilt only when its inputs change.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LLMSERVE := $(VENV)/bin/llmserve
+CONFIG ?= configs/cpu-smollm2.yaml
+MODEL_DIR ?= .cache/models/SmolLM2-135M-Instruct
+VENV_STAMP := $(VENV)/.llmserve-stamp
+VENV_INPUTS := pyproject.toml requirements/constraints.txt scripts/setup-venv.sh
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export VLLM_TARGET_DEVICE := cpu
+
+.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean
+
+help:
+	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
+	@echo "make test    set up what is missing, run the whole test suite"
+	@echo "make lint    ruff + mypy (strict)"
+
+$(VENV_STAMP): $(VENV_INPUTS)
+	scripts/setup-venv.sh $(VENV)
+	touch $@
+
+venv: $(VENV_STAMP)
+
+model: $(VENV_STAMP)
+	$(LLMSERVE) prepare-model --output $(MODEL_DIR)
+
+serve: model
+	$(LLMSERVE) serve --config $(CONFIG)
+
+test: model lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: model
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff format src tests
+	$(VENV)/bin/ruff check --fix src tests
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

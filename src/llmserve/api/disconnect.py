@@ -1,0 +1,37 @@
+"""Stop work for clients that have gone away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+T = TypeVar("T")
+
+
+class ClientDisconnectedError(Exception):
+    pass
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def cancel_on_disconnect(work: Coroutine[Any, Any, T], request: Request) -> T:
+    """Run `work`; if the client disconnects first, cancel it (which aborts its engine requests)."""
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not work_task.done():
+        work_task.cancel()
+        await asyncio.gather(work_task, return_exceptions=True)
+        raise ClientDisconnectedError
+    return work_task.result()

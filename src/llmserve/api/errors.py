@@ -1,0 +1,154 @@
+"""One mapping from exceptions to OpenAI error bodies and statuses, for JSON responses and SSE alike."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llmserve.engine.base import (
+    EngineDeadError,
+    EngineError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+from llmserve.protocol.common import ErrorInfo, ErrorResponse
+from llmserve.protocol.completions import UnsupportedParameterError
+from llmserve.runtime import EngineNotReadyError
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """An error with everything an OpenAI client expects to read from it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 400,
+        error_type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.error_type = error_type
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def to_body(self) -> ErrorResponse:
+        info = ErrorInfo(message=self.message, type=self.error_type, param=self.param, code=self.code)
+        return ErrorResponse(error=info)
+
+    def to_response(self) -> Response:
+        return Response(
+            content=self.to_body().model_dump_json(),
+            status_code=self.status_code,
+            media_type="application/json",
+            headers=self.headers,
+        )
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        f"The model `{model}` does not exist.",
+        status_code=404,
+        code="model_not_found",
+        param="model",
+    )
+
+
+def service_unavailable(message: str, code: str, retry_after_s: int | None = None) -> APIError:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return APIError(message, status_code=503, error_type="service_unavailable", code=code, headers=headers)
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """Classify any exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, PromptTooLongError):
+        return APIError(str(exc), code="context_length_exceeded", param="prompt")
+    if isinstance(exc, UnsupportedParameterError):
+        return APIError(str(exc), code="unsupported_parameter", param=exc.param)
+    if isinstance(exc, InvalidRequestError):
+        return APIError(str(exc), code="invalid_value", param="prompt")
+    if isinstance(exc, EngineNotReadyError):
+        return service_unavailable("The inference engine is not ready yet.", "engine_not_ready", 5)
+    if isinstance(exc, EngineDeadError):
+        return service_unavailable("The inference engine is not running.", "engine_dead")
+    if isinstance(exc, EngineError):
+        return APIError(
+            "The inference engine failed while generating.",
+            status_code=500,
+            error_type="server_error",
+            code="engine_error",
+        )
+    logger.error("unhandled error while serving a request", exc_info=exc)
+    return APIError(
+        "The server had an error while processing your request.",
+        status_code=500,
+        error_type="server_error",
+        code="internal_error",
+    )
+
+
+def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
+    """A readable message and the offending parameter from pydantic's error list."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return "The request body is not valid JSON.", None
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # Union members add their type name to the location; keep only the field path.
+    param = ".".join(part for part in location if not _is_type_tag(part)) or None
+    message = str(first.get("msg", "invalid request"))
+    if param:
+        message = f"Invalid value for '{param}': {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return message, param
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in {"str", "int", "float", "bool"} or part.startswith(("list[", "dict[", "function-"))
+
+
+async def _api_error_handler(_: Request, exc: Exception) -> Response:
+    return to_api_error(exc).to_response()
+
+
+async def _validation_error_handler(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    message, param = describe_validation_errors(list(exc.errors()))
+    return APIError(message, code="invalid_value" if param else "invalid_json", param=param).to_response()
+
+
+async def _http_error_handler(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return APIError(
+        str(exc.detail),
+        status_code=exc.status_code,
+        error_type=error_type,
+        code=code,
+        headers=exc.headers,
+    ).to_response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler)
+    for expected in (APIError, EngineError, ValueError):
+        app.add_exception_handler(expected, _api_error_handler)
+    # Anything else is a bug: a generic 500 body, never the exception text.
+    app.add_exception_handler(Exception, _api_error_handler)

@@ -1,0 +1,27 @@
+"""Liveness and readiness probes; they never need an API key."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from llmserve.api.deps import RuntimeDep
+from llmserve.api.errors import service_unavailable
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", summary="The process is alive and its engine has not died")
+async def health(runtime: RuntimeDep) -> Response:
+    if runtime.is_failed:
+        error = service_unavailable("The inference engine is not running.", "engine_dead")
+        return error.to_response()
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/ready", summary="The engine has generated a token and accepts requests")
+async def ready(runtime: RuntimeDep) -> Response:
+    if not runtime.is_ready:
+        error = service_unavailable("The inference engine is not ready yet.", "engine_not_ready", 5)
+        return error.to_response()
+    return JSONResponse({"status": "ready"})

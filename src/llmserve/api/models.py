@@ -1,0 +1,16 @@
+"""GET /v1/models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from llmserve.api.deps import ConfigDep, EngineDep
+from llmserve.protocol.common import ModelCard, ModelList
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(config: ConfigDep, engine: EngineDep) -> ModelList:
+    card = ModelCard(id=config.server.served_model_name, max_model_len=engine.model_info.max_model_len)
+    return ModelList(data=[card])

@@ -1,0 +1,51 @@
+"""create_app(): the FastAPI application, built in a factory with no import-time state."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from llmserve import __version__
+from llmserve.api import completions, health, metrics, models
+from llmserve.api.errors import install_error_handlers
+from llmserve.config import Config
+from llmserve.engine import start_engine
+from llmserve.runtime import EngineRuntime, EngineStarter
+
+
+def _terminate_self() -> None:
+    """Ask the server to shut down as if a supervisor had sent SIGTERM."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def create_app(
+    config: Config,
+    engine_starter: EngineStarter | None = None,
+    on_fatal: Callable[[], None] = _terminate_self,
+) -> FastAPI:
+    runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(
+        title="llmserve",
+        version=__version__,
+        summary="OpenAI-compatible API in front of vLLM",
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.runtime = runtime
+    install_error_handlers(app)
+    for module in (completions, models, health, metrics):
+        app.include_router(module.router)
+    return app

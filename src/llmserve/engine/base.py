@@ -1,0 +1,95 @@
+"""The engine boundary: what the serving layer may ask of any engine (vLLM, transformers, fake).
+
+Types here are engine-neutral on purpose: nothing above `engine/` imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+class EngineError(Exception):
+    """The engine failed or is not running; requests cannot be served right now."""
+
+
+class EngineDeadError(EngineError):
+    """The engine process died; the server must be restarted."""
+
+
+class InvalidRequestError(ValueError):
+    """The engine refused a request's parameters; the message is safe to show the client."""
+
+
+class PromptTooLongError(ValueError):
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+            f"{max_tokens} for the completion). Please reduce the prompt or max_tokens."
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSpec:
+    """Sampling parameters in engine-neutral form; each engine maps them to its own type."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPrompt:
+    token_ids: tuple[int, ...]
+    text: str | None = None
+
+
+@dataclass(slots=True)
+class GenerationDelta:
+    """New text and tokens since the previous delta for one request; `finish_reason` on the last."""
+
+    text: str
+    token_ids: Sequence[int]
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    max_model_len: int
+    vocab_size: int
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """A started engine. Start and stop it with the async context manager its module provides."""
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    @property
+    def is_dead(self) -> bool: ...
+
+    async def tokenize(self, text: str) -> TokenizedPrompt: ...
+
+    def generate(
+        self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
+    ) -> AsyncIterator[GenerationDelta]:
+        """Yield deltas until one carries a finish_reason. Closing the iterator aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def check_health(self) -> None:
+        """Raise EngineError if the engine cannot serve."""
+        ...

@@ -1,0 +1,188 @@
+"""vLLM's AsyncLLM behind the EngineClient protocol. The only module that imports vllm."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from llmserve.config import EngineConfig
+from llmserve.engine.base import (
+    EngineDeadError,
+    EngineError,
+    GenerationDelta,
+    InvalidRequestError,
+    ModelInfo,
+    SamplingSpec,
+    TokenizedPrompt,
+)
+from llmserve.engine.model_store import check_model_dir
+
+if TYPE_CHECKING:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# Tokenizing a long prompt takes milliseconds: do it off the event loop.
+LONG_PROMPT_CHARS = 4096
+
+
+def build_engine_args(config: EngineConfig, served_model_name: str) -> AsyncEngineArgs:
+    """The one place where our engine config becomes vLLM's engine arguments."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kv_cache_bytes = int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib is not None else None
+    return AsyncEngineArgs(
+        model=str(config.model),
+        tokenizer=str(config.tokenizer) if config.tokenizer else None,
+        served_model_name=[served_model_name],
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enforce_eager=config.enforce_eager,
+        enable_prefix_caching=config.enable_prefix_caching,
+        seed=config.seed,
+        tensor_parallel_size=config.tensor_parallel_size,
+        pipeline_parallel_size=config.pipeline_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_cache_bytes,
+        disable_log_stats=False,
+        enable_log_requests=False,
+    )
+
+
+def apply_process_environment(config: EngineConfig) -> None:
+    """vLLM reads these from the environment of the processes it spawns; set before start-up."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu" if config.device == "cpu" else "cuda")
+    if config.device == "cpu":
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_omp_threads_bind
+
+
+def to_sampling_params(spec: SamplingSpec) -> SamplingParams:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    return SamplingParams(
+        n=1,
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        seed=spec.seed,
+        stop=list(spec.stop) or None,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+class VllmEngine:
+    """A started AsyncLLM; create it with `start_vllm_engine`."""
+
+    def __init__(self, llm: AsyncLLM) -> None:
+        self._llm_or_none: AsyncLLM | None = llm
+        tokenizer = llm.get_tokenizer()
+        self._tokenizer: Any = tokenizer
+        self._model_info = ModelInfo(
+            max_model_len=llm.model_config.max_model_len,
+            vocab_size=len(tokenizer),
+        )
+
+    @property
+    def _llm(self) -> AsyncLLM:
+        if self._llm_or_none is None:
+            raise EngineDeadError("the inference engine has been shut down")
+        return self._llm_or_none
+
+    def release(self) -> None:
+        """Forget the AsyncLLM so it can be collected right after shutdown."""
+        self._llm_or_none = None
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._model_info
+
+    @property
+    def is_dead(self) -> bool:
+        return self._llm_or_none is None or bool(self._llm_or_none.errored)
+
+    async def tokenize(self, text: str) -> TokenizedPrompt:
+        if len(text) > LONG_PROMPT_CHARS:
+            token_ids = await asyncio.to_thread(self._tokenizer.encode, text)
+        else:
+            token_ids = self._tokenizer.encode(text)
+        return TokenizedPrompt(token_ids=tuple(token_ids), text=text)
+
+    async def generate(
+        self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
+    ) -> AsyncIterator[GenerationDelta]:
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        engine_prompt = TokensPrompt(prompt_token_ids=list(prompt.token_ids))
+        if prompt.text is not None:
+            engine_prompt["prompt"] = prompt.text
+        finished = False
+        try:
+            params = to_sampling_params(sampling)
+            async with aclosing(self._llm.generate(engine_prompt, params, request_id)) as outputs:
+                async for output in outputs:
+                    finished = output.finished
+                    for completion in output.outputs:
+                        yield GenerationDelta(
+                            text=completion.text,
+                            token_ids=completion.token_ids,
+                            finish_reason=completion.finish_reason,
+                        )
+        except VllmEngineDeadError as exc:
+            finished = True
+            raise EngineDeadError("the inference engine died") from exc
+        except (VLLMClientError, ValueError) as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            raise EngineError("the inference engine failed to generate") from exc
+        finally:
+            if not finished and not self.is_dead:
+                await self._llm.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    async def check_health(self) -> None:
+        if self._llm.errored:
+            raise EngineDeadError("the inference engine is not running")
+
+
+def _construct_async_llm(config: EngineConfig, served_model_name: str) -> AsyncLLM:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(build_engine_args(config, served_model_name))
+
+
+@asynccontextmanager
+async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> AsyncIterator[VllmEngine]:
+    """Start AsyncLLM (spawning its engine-core process) and shut it down on exit."""
+    check_model_dir(config.model)
+    apply_process_environment(config)
+    # Importing vLLM and building the engine take ~45 s of blocking work: keep it off the event
+    # loop so /health answers during start-up. AsyncLLM starts its loop tasks on first use.
+    llm = await asyncio.to_thread(_construct_async_llm, config, served_model_name)
+    engine = VllmEngine(llm)
+    try:
+        yield engine
+    finally:
+        engine.release()
+        llm.shutdown()
+        # AsyncLLM.__del__ shuts down again; let it run now rather than at interpreter exit,
+        # when the modules it calls are already torn down.
+        del llm
+        gc.collect()

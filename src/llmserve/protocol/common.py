@@ -1,0 +1,62 @@
+"""Wire types shared by the OpenAI endpoints."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OpenAIBaseModel(BaseModel):
+    """Requests accept unknown fields (OpenAI clients send new ones all the time); they are logged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @property
+    def unknown_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+
+class ResponseModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class UsageInfo(ResponseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "llmserve"
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def unix_time() -> int:
+    return int(time.time())

@@ -1,0 +1,44 @@
+"""One real server process (real vLLM, real SmolLM2) for the whole test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.integration.server_process import ServerProcess, start_server
+
+MODEL = "SmolLM2-135M-Instruct"
+READY_TIMEOUT_S = 300
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log_path = Path(tmp_path_factory.mktemp("server")) / "server.log"
+    process = start_server(log_path, "--config", "configs/cpu-smollm2.yaml")
+    try:
+        ready_after = process.wait_ready(READY_TIMEOUT_S)
+        print(f"\nllmserve ready after {ready_after:.1f} s (log: {log_path})")
+        yield process
+    finally:
+        code = process.stop()
+        print(f"\nllmserve exited with {code}")
+        assert code == 0, f"a graceful SIGTERM must end in exit code 0:\n{process.log()[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def async_client(server: ServerProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -1,0 +1,97 @@
+"""Run `llmserve serve` as a real child process, and stop it and every process it spawned."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()[-4000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/ready", timeout=2).status_code == 200:
+                    return time.monotonic() - self.started_at
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of a Prometheus series, summed over label sets that match `labels`."""
+        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
+        total, found = 0.0, False
+        for match in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE):
+            label_text = match.group(1) or ""
+            if all(f'{key}="{value}"' in label_text for key, value in labels.items()):
+                total += float(match.group(2))
+                found = True
+        if not found:
+            raise KeyError(name)
+        return total
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM and wait; then kill whatever is left of the process tree."""
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            code = self.process.wait()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        return code
+
+
+def start_server(log_path: Path, *extra_args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    port = free_port()
+    command = [sys.executable, "-m", "llmserve.cli", "serve", "--port", str(port), *extra_args]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    return ServerProcess(process=process, port=port, log_path=log_path)
