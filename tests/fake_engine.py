@@ -1,23 +1,27 @@
 """FakeEngine: a deterministic stand-in for vLLM, for fast unit tests of HTTP and protocol logic.
 
-It "tokenizes" one token per whitespace-separated word and "generates" the words `w0 w1 ...`.
+It "tokenizes" one token per whitespace-separated word and "generates" the words `w0 w1 ...`
+for each of the n choices, one after the other.
 A prompt containing FAIL_MID_STREAM makes it fail after the first token.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from llmserve.config import Config
 from llmserve.engine.base import (
+    ChatMessage,
     EngineClient,
     EngineError,
     GenerationDelta,
     ModelInfo,
+    PositionLogprobs,
     SamplingSpec,
     TokenizedPrompt,
+    TokenLogprob,
 )
 
 FAIL_MID_STREAM = "FAIL_MID_STREAM"
@@ -30,6 +34,8 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.started: list[str] = []
         self.token_delay_s = 0.0
+        self.samplings: list[SamplingSpec] = []
+        self.rendered: list[list[ChatMessage]] = []
 
     @property
     def model_info(self) -> ModelInfo:
@@ -42,28 +48,60 @@ class FakeEngine:
     async def tokenize(self, text: str) -> TokenizedPrompt:
         return TokenizedPrompt(token_ids=tuple(len(word) for word in text.split()), text=text)
 
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        return " ".join(f"t{token_id}" for token_id in token_ids)
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
+    ) -> TokenizedPrompt:
+        self.rendered.append(list(messages))
+        text = " ".join(f"<{m.role}> {m.content}" for m in messages)
+        if add_generation_prompt:
+            text += " <assistant>"
+        return await self.tokenize(text)
+
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
     ) -> AsyncIterator[GenerationDelta]:
         self.started.append(request_id)
+        self.samplings.append(sampling)
         finished = False
         try:
-            for index in range(sampling.max_tokens):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                if index == 1 and prompt.text and FAIL_MID_STREAM in prompt.text:
-                    raise EngineError("fake failure")
-                word = f" w{index}"
-                if word.strip() in sampling.stop:
-                    finished = True
-                    yield GenerationDelta(text="", token_ids=[], finish_reason="stop")
-                    return
-                last = index == sampling.max_tokens - 1
-                finished = last
-                yield GenerationDelta(text=word, token_ids=[index], finish_reason="length" if last else None)
+            for choice in range(sampling.n):
+                for delta in self._choice(prompt, sampling, choice):
+                    if self.token_delay_s:
+                        await asyncio.sleep(self.token_delay_s)
+                    yield delta
+            finished = True
         finally:
             if not finished:
                 self.aborted.append(request_id)
+
+    def _choice(self, prompt: TokenizedPrompt, sampling: SamplingSpec, choice: int) -> list[GenerationDelta]:
+        deltas = []
+        for position in range(sampling.max_tokens):
+            if position == 1 and prompt.text and FAIL_MID_STREAM in prompt.text:
+                raise EngineError("fake failure")
+            word = f" w{position}"
+            if word.strip() in sampling.stop:
+                deltas.append(GenerationDelta(text="", token_ids=[], finish_reason="stop", index=choice))
+                return deltas
+            last = position == sampling.max_tokens - 1
+            logprobs = None
+            if sampling.logprobs is not None:
+                chosen = TokenLogprob(position, word, -0.5)
+                alternatives = [chosen, TokenLogprob(999, " zz", -3.0), TokenLogprob(998, " yy", -4.0)]
+                logprobs = [PositionLogprobs(chosen, tuple(alternatives[: sampling.logprobs]))]
+            deltas.append(
+                GenerationDelta(
+                    text=word,
+                    token_ids=[position],
+                    finish_reason="length" if last else None,
+                    index=choice,
+                    logprobs=logprobs,
+                )
+            )
+        return deltas
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from llmserve import __version__
-from llmserve.api import completions, health, metrics, models
+from llmserve.api import chat, completions, health, metrics, models
 from llmserve.api.errors import install_error_handlers
 from llmserve.config import Config
 from llmserve.engine import start_engine
@@ -46,6 +46,6 @@ def create_app(
     app.state.config = config
     app.state.runtime = runtime
     install_error_handlers(app)
-    for module in (completions, models, health, metrics):
+    for module in (completions, chat, models, health, metrics):
         app.include_router(module.router)
     return app

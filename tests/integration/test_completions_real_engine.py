@@ -179,7 +179,7 @@ def post(server: ServerProcess, body: object) -> httpx.Response:
         ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "invalid_value"),
         ({"model": MODEL, "prompt": ""}, 400, "invalid_value"),
         ({"model": MODEL, "prompt": [1, 49152]}, 400, "invalid_value"),
-        ({"model": MODEL, "prompt": "hi", "n": 3}, 400, "unsupported_parameter"),
+        ({"model": MODEL, "prompt": "hi", "n": 99}, 400, "invalid_value"),
         ({"model": MODEL, "prompt": "hi", "best_of": 2}, 400, "unsupported_parameter"),
     ],
 )

@@ -149,6 +149,21 @@ def test_unknown_fields_are_accepted(client: TestClient) -> None:
         ({"prompt": {"text": "a"}}, "prompt"),
         ({"prompt": [-1, 2]}, "prompt"),
         ({"seed": 2**70}, "seed"),
+        ({"n": 0}, "n"),
+        ({"n": 17}, "n"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"5000": 1}}, "logit_bias"),
+        ({"stop_token_ids": [5000]}, "stop_token_ids"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids.0"),
+        ({"temperature": "NaN"}, "temperature"),
+        ({"top_p": "Infinity"}, "top_p"),
     ],
 )
 def test_invalid_parameters_are_400_naming_the_parameter(
@@ -160,11 +175,8 @@ def test_invalid_parameters_are_400_naming_the_parameter(
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
         ({"suffix": "end"}, "suffix"),
-        ({"echo": True}, "echo"),
-        ({"logprobs": 2}, "logprobs"),
     ],
 )
 def test_unsupported_parameters_are_400_naming_the_parameter(
@@ -231,3 +243,72 @@ def test_models_lists_the_served_model(client: TestClient) -> None:
     assert body["object"] == "list"
     assert [model["id"] for model in body["data"]] == [MODEL]
     assert body["data"][0]["object"] == "model"
+
+
+def test_every_sampling_field_reaches_the_engine(client: TestClient, fake_engine: FakeEngine) -> None:
+    complete(
+        client,
+        prompt="a",
+        max_tokens=2,
+        n=2,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.1,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        seed=7,
+        stop=["x", "y"],
+        stop_token_ids=[3],
+        ignore_eos=True,
+        logprobs=2,
+        logit_bias={"10": -100},
+    )
+    spec = fake_engine.samplings[-1]
+    assert (spec.n, spec.temperature, spec.top_p, spec.top_k, spec.min_p) == (2, 0.7, 0.9, 5, 0.1)
+    assert (spec.presence_penalty, spec.frequency_penalty, spec.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert (spec.seed, spec.stop, spec.stop_token_ids, spec.ignore_eos) == (7, ("x", "y"), (3,), True)
+    assert (spec.logprobs, spec.logit_bias, spec.prompt_logprobs) == (2, {10: -100.0}, None)
+
+
+def test_omitted_sampling_fields_take_openai_defaults(client: TestClient, fake_engine: FakeEngine) -> None:
+    complete(client, prompt="a", max_tokens=1)
+    spec = fake_engine.samplings[-1]
+    assert (spec.n, spec.temperature, spec.top_p, spec.top_k) == (1, 1.0, 1.0, 0)
+    assert (spec.presence_penalty, spec.frequency_penalty, spec.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert spec.logprobs is None
+    assert spec.structured_output is None
+
+
+def test_n_choices_are_numbered_across_prompts(client: TestClient) -> None:
+    body = complete(client, prompt=["a", "b"], max_tokens=1, n=3).json()
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2, 3, 4, 5]
+    assert body["usage"]["completion_tokens"] == 6
+
+
+def test_n_choices_stream_with_their_index(client: TestClient) -> None:
+    payloads = sse_payloads(complete(client, prompt="a", max_tokens=2, n=2, stream=True).text)
+    indices = {json.loads(p)["choices"][0]["index"] for p in payloads[:-1]}
+    assert indices == {0, 1}
+
+
+def test_echo_prepends_the_prompt(client: TestClient) -> None:
+    body = complete(client, prompt="hello there", max_tokens=2, echo=True).json()
+    assert body["choices"][0]["text"] == "hello there w0 w1"
+    streamed = sse_payloads(complete(client, prompt="hi", max_tokens=1, echo=True, stream=True).text)
+    assert json.loads(streamed[0])["choices"][0]["text"] == "hi w0"
+
+
+def test_logprobs_have_one_entry_per_token_with_top_alternatives(client: TestClient) -> None:
+    logprobs = complete(client, prompt="a", max_tokens=3, logprobs=2).json()["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == [" w0", " w1", " w2"]
+    assert logprobs["token_logprobs"] == [-0.5, -0.5, -0.5]
+    assert all(len(top) == 2 for top in logprobs["top_logprobs"])
+    assert logprobs["text_offset"] == [0, 3, 6]
+
+
+def test_streamed_logprobs_continue_the_text_offsets(client: TestClient) -> None:
+    payloads = sse_payloads(complete(client, prompt="a", max_tokens=3, logprobs=1, stream=True).text)
+    offsets = [json.loads(p)["choices"][0]["logprobs"]["text_offset"] for p in payloads[:-1]]
+    assert offsets == [[0], [3], [6]]

@@ -18,7 +18,7 @@ from llmserve.engine.base import (
     PromptTooLongError,
 )
 from llmserve.protocol.common import ErrorInfo, ErrorResponse
-from llmserve.protocol.completions import UnsupportedParameterError
+from llmserve.protocol.sampling import InvalidParameterError, UnsupportedParameterError
 from llmserve.runtime import EngineNotReadyError
 
 logger = logging.getLogger(__name__)
@@ -77,11 +77,13 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, PromptTooLongError):
-        return APIError(str(exc), code="context_length_exceeded", param="prompt")
+        return APIError(str(exc), code="context_length_exceeded", param=exc.param)
     if isinstance(exc, UnsupportedParameterError):
         return APIError(str(exc), code="unsupported_parameter", param=exc.param)
+    if isinstance(exc, InvalidParameterError):
+        return APIError(str(exc), code="invalid_value", param=exc.param)
     if isinstance(exc, InvalidRequestError):
-        return APIError(str(exc), code="invalid_value", param="prompt")
+        return APIError(str(exc), code="invalid_value", param=exc.param)
     if isinstance(exc, EngineNotReadyError):
         return service_unavailable("The inference engine is not ready yet.", "engine_not_ready", 5)
     if isinstance(exc, EngineDeadError):

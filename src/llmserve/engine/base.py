@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class EngineError(Exception):
@@ -21,9 +21,15 @@ class EngineDeadError(EngineError):
 class InvalidRequestError(ValueError):
     """The engine refused a request's parameters; the message is safe to show the client."""
 
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
 
 class PromptTooLongError(ValueError):
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    def __init__(
+        self, prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "prompt"
+    ) -> None:
         super().__init__(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
@@ -32,6 +38,15 @@ class PromptTooLongError(ValueError):
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """Constrain the output: any JSON object, or JSON matching `json_schema`."""
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +54,22 @@ class SamplingSpec:
     """Sampling parameters in engine-neutral form; each engine maps them to its own type."""
 
     max_tokens: int
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    structured_output: StructuredOutput | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,17 +78,41 @@ class TokenizedPrompt:
     text: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class PositionLogprobs:
+    """The chosen token at one position and the most likely alternatives there."""
+
+    chosen: TokenLogprob
+    top: tuple[TokenLogprob, ...]
+
+
 @dataclass(slots=True)
 class GenerationDelta:
-    """New text and tokens since the previous delta for one request; `finish_reason` on the last."""
+    """New text and tokens of one choice (`index` < n) since its previous delta."""
 
     text: str
     token_ids: Sequence[int]
     finish_reason: str | None = None
+    index: int = 0
+    logprobs: list[PositionLogprobs] | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +132,14 @@ class EngineClient(Protocol):
     def is_dead(self) -> bool: ...
 
     async def tokenize(self, text: str) -> TokenizedPrompt: ...
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str: ...
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
+    ) -> TokenizedPrompt:
+        """Apply the model's own chat template; raise InvalidRequestError if it refuses."""
+        ...
 
     def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str

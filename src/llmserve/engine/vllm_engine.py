@@ -6,19 +6,22 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from llmserve.config import EngineConfig
 from llmserve.engine.base import (
+    ChatMessage,
     EngineDeadError,
     EngineError,
     GenerationDelta,
     InvalidRequestError,
     ModelInfo,
+    PositionLogprobs,
     SamplingSpec,
     TokenizedPrompt,
+    TokenLogprob,
 )
 from llmserve.engine.model_store import check_model_dir
 
@@ -69,17 +72,68 @@ def apply_process_environment(config: EngineConfig) -> None:
 
 
 def to_sampling_params(spec: SamplingSpec) -> SamplingParams:
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
+    structured = None
+    if spec.structured_output is not None:
+        structured = StructuredOutputsParams(
+            json=spec.structured_output.json_schema,
+            json_object=spec.structured_output.json_object or None,
+        )
     return SamplingParams(
-        n=1,
+        n=spec.n,
         max_tokens=spec.max_tokens,
         temperature=spec.temperature,
         top_p=spec.top_p,
+        top_k=spec.top_k,
+        min_p=spec.min_p,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        repetition_penalty=spec.repetition_penalty,
         seed=spec.seed,
         stop=list(spec.stop) or None,
+        stop_token_ids=list(spec.stop_token_ids) or None,
+        ignore_eos=spec.ignore_eos,
+        logprobs=spec.logprobs,
+        prompt_logprobs=spec.prompt_logprobs,
+        logit_bias=dict(spec.logit_bias) if spec.logit_bias else None,
+        structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _position_logprobs(token_id: int, candidates: Mapping[int, Any], top_n: int) -> PositionLogprobs:
+    """One position of vLLM's logprobs (token id -> Logprob) in engine-neutral form."""
+
+    def entry(candidate_id: int, logprob: Any) -> TokenLogprob:
+        return TokenLogprob(candidate_id, logprob.decoded_token or "", max(logprob.logprob, -9999.0))
+
+    ranked = sorted(candidates.items(), key=lambda item: -float(item[1].logprob))
+    chosen = candidates.get(token_id)
+    return PositionLogprobs(
+        chosen=entry(token_id, chosen) if chosen is not None else TokenLogprob(token_id, "", -9999.0),
+        top=tuple(entry(candidate_id, logprob) for candidate_id, logprob in ranked[:top_n]),
+    )
+
+
+def _convert_logprobs(token_ids: Sequence[int], logprobs: Any, top_n: int) -> list[PositionLogprobs] | None:
+    if logprobs is None:
+        return None
+    return [
+        _position_logprobs(token_id, candidates, top_n)
+        for token_id, candidates in zip(token_ids, logprobs, strict=False)
+    ]
+
+
+def _convert_prompt_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None, top_n: int
+) -> list[PositionLogprobs | None] | None:
+    if logprobs is None:
+        return None
+    return [
+        None if candidates is None else _position_logprobs(token_id, candidates, top_n)
+        for token_id, candidates in zip(token_ids, logprobs, strict=False)
+    ]
 
 
 class VllmEngine:
@@ -113,11 +167,38 @@ class VllmEngine:
         return self._llm_or_none is None or bool(self._llm_or_none.errored)
 
     async def tokenize(self, text: str) -> TokenizedPrompt:
+        return TokenizedPrompt(token_ids=await self._encode(text, add_special_tokens=True), text=text)
+
+    async def _encode(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
         if len(text) > LONG_PROMPT_CHARS:
-            token_ids = await asyncio.to_thread(self._tokenizer.encode, text)
+            token_ids = await asyncio.to_thread(
+                self._tokenizer.encode, text, add_special_tokens=add_special_tokens
+            )
         else:
-            token_ids = self._tokenizer.encode(text)
-        return TokenizedPrompt(token_ids=tuple(token_ids), text=text)
+            token_ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return tuple(token_ids)
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        text: str = self._tokenizer.decode(list(token_ids))
+        return text
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
+    ) -> TokenizedPrompt:
+        conversation = [{"role": message.role, "content": message.content} for message in messages]
+        try:
+            text: str = self._tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
+        except Exception as exc:  # jinja2 raises its own errors for conversations it refuses
+            raise InvalidRequestError(
+                f"The model's chat template refused the messages: {exc}", param="messages"
+            ) from exc
+        # The template writes the special tokens itself.
+        return TokenizedPrompt(token_ids=await self._encode(text, add_special_tokens=False), text=text)
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
@@ -132,15 +213,25 @@ class VllmEngine:
         finished = False
         try:
             params = to_sampling_params(sampling)
+            top_n = sampling.logprobs or 0
+            prompt_logprobs_pending = sampling.prompt_logprobs is not None
             async with aclosing(self._llm.generate(engine_prompt, params, request_id)) as outputs:
                 async for output in outputs:
                     finished = output.finished
                     for completion in output.outputs:
-                        yield GenerationDelta(
+                        delta = GenerationDelta(
                             text=completion.text,
                             token_ids=completion.token_ids,
                             finish_reason=completion.finish_reason,
+                            index=completion.index,
+                            logprobs=_convert_logprobs(completion.token_ids, completion.logprobs, top_n),
                         )
+                        if prompt_logprobs_pending and output.prompt_logprobs is not None:
+                            delta.prompt_logprobs = _convert_prompt_logprobs(
+                                prompt.token_ids, output.prompt_logprobs, sampling.prompt_logprobs or 0
+                            )
+                            prompt_logprobs_pending = False
+                        yield delta
         except VllmEngineDeadError as exc:
             finished = True
             raise EngineDeadError("the inference engine died") from exc

@@ -3,37 +3,47 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from llmserve.engine.base import (
     EngineClient,
-    GenerationDelta,
     InvalidRequestError,
-    PromptTooLongError,
-    SamplingSpec,
+    PositionLogprobs,
     TokenizedPrompt,
 )
 from llmserve.protocol.common import UsageInfo, unix_time
 from llmserve.protocol.completions import (
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
+    PromptInput,
 )
-from llmserve.serving.streaming import DONE_EVENT, merge_async_iterators, sse_event
+from llmserve.serving.generation import (
+    PlannedPrompt,
+    collect_choices,
+    fit_max_tokens,
+    run_generations,
+    usage_of,
+)
+from llmserve.serving.logprobs import completion_logprobs
+from llmserve.serving.streaming import DONE_EVENT, sse_event
 
 logger = logging.getLogger(__name__)
 
 
 class EmptyPromptError(InvalidRequestError):
     def __init__(self) -> None:
-        super().__init__("The prompt must contain at least one token.")
+        super().__init__("The prompt must contain at least one token.", param="prompt")
 
 
 class TokenOutOfRangeError(InvalidRequestError):
     def __init__(self, token_id: int, vocab_size: int) -> None:
-        super().__init__(f"Token id {token_id} is out of vocabulary (vocab_size={vocab_size}).")
+        super().__init__(
+            f"Token id {token_id} is out of vocabulary (vocab_size={vocab_size}).", param="prompt"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +53,11 @@ class PlannedCompletion:
     request: CompletionRequest
     request_id: str
     created: int
-    prompts: list[TokenizedPrompt]
-    samplings: list[SamplingSpec]
+    prompts: list[PlannedPrompt]
+    echo_texts: list[str]
 
-    def engine_request_id(self, prompt_index: int) -> str:
-        return f"{self.request_id}-{prompt_index}"
+    def prompt_of_choice(self, choice_index: int) -> int:
+        return choice_index // self.request.n
 
 
 class CompletionService:
@@ -59,17 +69,19 @@ class CompletionService:
         request.reject_unsupported()
         if request.unknown_fields:
             logger.info("request %s: ignoring unknown fields %s", request_id, request.unknown_fields)
-        prompts = [await self._tokenize(prompt) for prompt in _split_prompts(request.prompt)]
-        max_model_len = self._engine.model_info.max_model_len
-        samplings = []
-        for prompt in prompts:
-            prompt_len = len(prompt.token_ids)
-            room = max_model_len - prompt_len
-            sampling = request.to_sampling_spec(default_max_tokens=max(room, 1))
-            if prompt_len + sampling.max_tokens > max_model_len:
-                raise PromptTooLongError(prompt_len, sampling.max_tokens, max_model_len)
-            samplings.append(sampling)
-        return PlannedCompletion(request, request_id, unix_time(), prompts, samplings)
+        info = self._engine.model_info
+        request.check_token_ids(info.vocab_size)
+        planned, echo_texts = [], []
+        for prompt_input in _split_prompts(request.prompt):
+            prompt = await self._tokenize(prompt_input)
+            max_tokens = fit_max_tokens(
+                len(prompt.token_ids), request.requested_max_tokens(), info.max_model_len, "prompt"
+            )
+            prompt_logprobs = request.logprobs if request.echo and request.logprobs is not None else None
+            sampling = request.to_sampling_spec(max_tokens, prompt_logprobs=prompt_logprobs)
+            planned.append(PlannedPrompt(prompt, sampling))
+            echo_texts.append(await self._prompt_text(prompt) if request.echo else "")
+        return PlannedCompletion(request, request_id, unix_time(), planned, echo_texts)
 
     async def _tokenize(self, prompt: str | list[int]) -> TokenizedPrompt:
         if isinstance(prompt, str):
@@ -84,46 +96,76 @@ class CompletionService:
             raise EmptyPromptError()
         return tokenized
 
-    def _generations(self, plan: PlannedCompletion) -> list[AsyncIterator[GenerationDelta]]:
-        return [
-            self._engine.generate(prompt, sampling, plan.engine_request_id(index))
-            for index, (prompt, sampling) in enumerate(zip(plan.prompts, plan.samplings, strict=True))
-        ]
+    async def _prompt_text(self, prompt: TokenizedPrompt) -> str:
+        return prompt.text if prompt.text is not None else await self._engine.detokenize(prompt.token_ids)
 
     async def complete(self, plan: PlannedCompletion) -> CompletionResponse:
-        texts = [""] * len(plan.prompts)
-        finish_reasons: list[str | None] = [None] * len(plan.prompts)
-        completion_tokens = 0
-        async for index, delta in merge_async_iterators(self._generations(plan)):
-            texts[index] += delta.text
-            completion_tokens += len(delta.token_ids)
-            if delta.finish_reason is not None:
-                finish_reasons[index] = delta.finish_reason
-        choices = [
-            CompletionChoice(index=i, text=text, finish_reason=reason)
-            for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True))
-        ]
+        states = await collect_choices(self._engine, plan.request_id, plan.prompts)
+        choices = []
+        for index, state in enumerate(states):
+            prompt_index = plan.prompt_of_choice(index)
+            echo = plan.echo_texts[prompt_index]
+            logprobs = None
+            if plan.request.logprobs is not None:
+                logprobs = await self._logprobs(plan, prompt_index, state.prompt_logprobs, state.logprobs)
+            choices.append(
+                CompletionChoice(
+                    index=index, text=echo + state.text, logprobs=logprobs, finish_reason=state.finish_reason
+                )
+            )
+        completion_tokens = sum(state.token_count for state in states)
         return CompletionResponse(
             id=plan.request_id,
             created=plan.created,
             model=self._model_name,
             choices=choices,
-            usage=_usage(plan.prompts, completion_tokens),
+            usage=usage_of(plan.prompts, completion_tokens),
         )
 
     async def stream(self, plan: PlannedCompletion) -> AsyncIterator[bytes]:
         """SSE chunks: text deltas per choice, a usage chunk if asked for, then [DONE]."""
         completion_tokens = 0
-        include_usage = plan.request.include_usage_chunk
-        async for index, delta in merge_async_iterators(self._generations(plan)):
+        text_offsets: dict[int, int] = {}
+        async for index, delta in run_generations(self._engine, plan.request_id, plan.prompts):
             completion_tokens += len(delta.token_ids)
-            if not delta.text and delta.finish_reason is None:
+            first = index not in text_offsets
+            prompt_index = plan.prompt_of_choice(index)
+            text = plan.echo_texts[prompt_index] + delta.text if first else delta.text
+            if not text and delta.finish_reason is None:
                 continue
-            choice = CompletionChoice(index=index, text=delta.text, finish_reason=delta.finish_reason)
+            logprobs = None
+            if plan.request.logprobs is not None:
+                prompt_positions = delta.prompt_logprobs if first else None
+                logprobs = await self._logprobs(
+                    plan, prompt_index, prompt_positions, delta.logprobs or [], text_offsets.get(index, 0)
+                )
+            text_offsets[index] = text_offsets.get(index, 0) + len(text)
+            choice = CompletionChoice(
+                index=index, text=text, logprobs=logprobs, finish_reason=delta.finish_reason
+            )
             yield sse_event(self._chunk(plan, [choice]))
-        if include_usage:
-            yield sse_event(self._chunk(plan, [], usage=_usage(plan.prompts, completion_tokens)))
+        if plan.request.include_usage_chunk:
+            yield sse_event(self._chunk(plan, [], usage=usage_of(plan.prompts, completion_tokens)))
         yield DONE_EVENT
+
+    async def _logprobs(
+        self,
+        plan: PlannedCompletion,
+        prompt_index: int,
+        prompt_positions: list[PositionLogprobs | None] | None,
+        positions: list[PositionLogprobs],
+        text_offset: int = 0,
+    ) -> CompletionLogprobs:
+        all_positions: list[PositionLogprobs | None] = [*(prompt_positions or []), *positions]
+        tokens = []
+        prompt_ids = plan.prompts[prompt_index].prompt.token_ids
+        for position_index, position in enumerate(all_positions):
+            if position is not None and position.chosen.token:
+                tokens.append(position.chosen.token)
+            else:  # the first prompt token has no logprob; a token may decode only in context
+                token_id = position.chosen.token_id if position else prompt_ids[position_index]
+                tokens.append(await self._engine.detokenize([token_id]))
+        return completion_logprobs(all_positions, text_offset, tokens)
 
     def _chunk(
         self,
@@ -140,7 +182,7 @@ class CompletionService:
         )
 
 
-def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+def _split_prompts(prompt: PromptInput) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
@@ -148,12 +190,3 @@ def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> lis
     if all(isinstance(item, int) for item in prompt):
         return [list(prompt)]  # type: ignore[arg-type]
     return list(prompt)  # type: ignore[arg-type]
-
-
-def _usage(prompts: Sequence[TokenizedPrompt], completion_tokens: int) -> UsageInfo:
-    prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
-    return UsageInfo(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-    )

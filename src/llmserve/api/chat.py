@@ -1,0 +1,29 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from llmserve.api.deps import ConfigDep, EngineDep
+from llmserve.api.generation import ERROR_RESPONSES, check_model, new_request_id, respond
+from llmserve.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from llmserve.serving.chat import ChatService
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES},
+)
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, config: ConfigDep, engine: EngineDep
+) -> Response:
+    check_model(config, body.model)
+    service = ChatService(engine, config.server.served_model_name)
+    plan = await service.plan(body, new_request_id("chatcmpl"))
+    return await respond(
+        request, plan.request_id, body.stream, lambda: service.stream(plan), lambda: service.complete(plan)
+    )

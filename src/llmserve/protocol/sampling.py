@@ -1,0 +1,130 @@
+"""Request fields shared by /v1/completions and /v1/chat/completions, and their engine mapping."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from pydantic import Field, field_validator
+
+from llmserve.engine.base import SamplingSpec, StructuredOutput
+from llmserve.protocol.common import OpenAIBaseModel, StreamOptions
+
+MAX_N = 16
+MAX_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_SEQUENCE_CHARS = 512
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class UnsupportedParameterError(ValueError):
+    def __init__(self, param: str, reason: str) -> None:
+        super().__init__(f"'{param}' {reason}")
+        self.param = param
+
+
+class InvalidParameterError(ValueError):
+    def __init__(self, param: str, reason: str) -> None:
+        super().__init__(f"Invalid value for '{param}': {reason}")
+        self.param = param
+
+
+class SamplingFields(OpenAIBaseModel):
+    """OpenAI's sampling fields plus vLLM's common extensions (top_k, min_p, ...)."""
+
+    model: str
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
+    ignore_eos: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_ENTRIES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        if any(len(stop) > MAX_STOP_SEQUENCE_CHARS for stop in stops):
+            raise ValueError(f"a stop sequence may be at most {MAX_STOP_SEQUENCE_CHARS} characters")
+        if any(stop == "" for stop in stops):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"bias for token {key} must be between -100 and 100")
+        return value
+
+    @property
+    def include_usage_chunk(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return None
+
+    def structured_output(self) -> StructuredOutput | None:
+        return None
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        for param, ids in (
+            ("stop_token_ids", self.stop_token_ids or []),
+            ("logit_bias", [int(key) for key in self.logit_bias or {}]),
+        ):
+            for token_id in ids:
+                if token_id >= vocab_size:
+                    raise InvalidParameterError(
+                        param, f"token id {token_id} is out of vocabulary (vocab_size={vocab_size})"
+                    )
+
+    def to_sampling_spec(self, max_tokens: int, **extra: Any) -> SamplingSpec:
+        """The one place request fields become engine parameters: user value, else OpenAI's default."""
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return SamplingSpec(
+            max_tokens=max_tokens,
+            n=self.n,
+            temperature=_or(self.temperature, 1.0),
+            top_p=_or(self.top_p, 1.0),
+            top_k=_or(self.top_k, 0),
+            min_p=_or(self.min_p, 0.0),
+            presence_penalty=_or(self.presence_penalty, 0.0),
+            frequency_penalty=_or(self.frequency_penalty, 0.0),
+            repetition_penalty=_or(self.repetition_penalty, 1.0),
+            seed=self.seed,
+            stop=tuple(stops),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs_count(),
+            logit_bias={int(key): bias for key, bias in self.logit_bias.items()} if self.logit_bias else None,
+            structured_output=self.structured_output(),
+            **extra,
+        )
+
+
+T = TypeVar("T")
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value

@@ -1,0 +1,82 @@
+"""What both endpoints do with the engine: fit requests into the context, run them, count usage."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from llmserve.engine.base import (
+    EngineClient,
+    GenerationDelta,
+    PositionLogprobs,
+    PromptTooLongError,
+    SamplingSpec,
+    TokenizedPrompt,
+)
+from llmserve.protocol.common import UsageInfo
+from llmserve.serving.streaming import merge_async_iterators
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPrompt:
+    prompt: TokenizedPrompt
+    sampling: SamplingSpec
+
+
+def fit_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, param: str) -> int:
+    """The completion budget: as requested, or the rest of the context window (as OpenAI does)."""
+    max_tokens = requested if requested is not None else max(max_model_len - prompt_len, 1)
+    if prompt_len + max_tokens > max_model_len:
+        raise PromptTooLongError(prompt_len, max_tokens, max_model_len, param=param)
+    return max_tokens
+
+
+async def run_generations(
+    engine: EngineClient, request_id: str, planned: Sequence[PlannedPrompt]
+) -> AsyncIterator[tuple[int, GenerationDelta]]:
+    """Deltas of every choice as they arrive, as (choice index, delta); choice = prompt * n + i."""
+    iterators = [
+        engine.generate(item.prompt, item.sampling, f"{request_id}-{position}")
+        for position, item in enumerate(planned)
+    ]
+    async for position, delta in merge_async_iterators(iterators):
+        yield position * planned[position].sampling.n + delta.index, delta
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """Everything one choice has produced so far."""
+
+    text: str = ""
+    token_count: int = 0
+    finish_reason: str | None = None
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+    def add(self, delta: GenerationDelta) -> None:
+        self.text += delta.text
+        self.token_count += len(delta.token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+
+
+async def collect_choices(
+    engine: EngineClient, request_id: str, planned: Sequence[PlannedPrompt]
+) -> list[ChoiceState]:
+    choices = [ChoiceState() for item in planned for _ in range(item.sampling.n)]
+    async for index, delta in run_generations(engine, request_id, planned):
+        choices[index].add(delta)
+    return choices
+
+
+def usage_of(planned: Sequence[PlannedPrompt], completion_tokens: int) -> UsageInfo:
+    prompt_tokens = sum(len(item.prompt.token_ids) for item in planned)
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
