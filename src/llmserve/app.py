@@ -10,10 +10,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from llmserve import __version__
-from llmserve.api import chat, completions, health, metrics, models
+from llmserve.api import chat, completions, health, models, scrape
 from llmserve.api.errors import install_error_handlers
+from llmserve.api.observability import MetricsMiddleware
 from llmserve.config import Config
 from llmserve.engine import start_engine
+from llmserve.metrics import GatewayMetrics
 from llmserve.runtime import EngineRuntime, EngineStarter
 
 
@@ -28,6 +30,7 @@ def create_app(
     on_fatal: Callable[[], None] = _terminate_self,
 ) -> FastAPI:
     runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal)
+    gateway_metrics = GatewayMetrics(config.server.served_model_name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -45,7 +48,9 @@ def create_app(
     )
     app.state.config = config
     app.state.runtime = runtime
+    app.state.metrics = gateway_metrics
+    app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
     install_error_handlers(app)
-    for module in (completions, chat, models, health, metrics):
+    for module in (completions, chat, models, health, scrape):
         app.include_router(module.router)
     return app

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from tests.metrics_reader import Scrape
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,18 +51,12 @@ class ServerProcess:
             time.sleep(0.5)
         raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
+    def scrape(self) -> Scrape:
+        return Scrape.parse(httpx.get(f"{self.base_url}/metrics", timeout=10).text)
+
     def metric(self, name: str, **labels: str) -> float:
-        """One sample of a Prometheus series, summed over label sets that match `labels`."""
-        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        total, found = 0.0, False
-        for match in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE):
-            label_text = match.group(1) or ""
-            if all(f'{key}="{value}"' in label_text for key, value in labels.items()):
-                total += float(match.group(2))
-                found = True
-        if not found:
-            raise KeyError(name)
-        return total
+        """A series' value, summed over the label sets that include `labels`."""
+        return self.scrape().value(name, **labels)
 
     def stop(self, timeout_s: float = 60) -> int:
         """SIGTERM and wait; then kill whatever is left of the process tree."""

@@ -7,6 +7,7 @@ from fastapi.responses import Response
 
 from llmserve.api.deps import ConfigDep, EngineDep
 from llmserve.api.generation import ERROR_RESPONSES, check_model, new_request_id, respond
+from llmserve.api.observability import observation_of
 from llmserve.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from llmserve.serving.chat import ChatService
 
@@ -22,7 +23,7 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, config: ConfigDep, engine: EngineDep
 ) -> Response:
     check_model(config, body.model)
-    service = ChatService(engine, config.server.served_model_name)
+    service = ChatService(engine, config.server.served_model_name, observation_of(request))
     plan = await service.plan(body, new_request_id("chatcmpl"))
     return await respond(
         request, plan.request_id, body.stream, lambda: service.stream(plan), lambda: service.complete(plan)

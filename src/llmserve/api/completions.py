@@ -7,6 +7,7 @@ from fastapi.responses import Response
 
 from llmserve.api.deps import ConfigDep, EngineDep
 from llmserve.api.generation import ERROR_RESPONSES, check_model, new_request_id, respond
+from llmserve.api.observability import observation_of
 from llmserve.protocol.completions import CompletionRequest, CompletionResponse
 from llmserve.serving.completions import CompletionService
 
@@ -22,7 +23,7 @@ async def create_completion(
     body: CompletionRequest, request: Request, config: ConfigDep, engine: EngineDep
 ) -> Response:
     check_model(config, body.model)
-    service = CompletionService(engine, config.server.served_model_name)
+    service = CompletionService(engine, config.server.served_model_name, observation_of(request))
     plan = await service.plan(body, new_request_id("cmpl"))
     return await respond(
         request, plan.request_id, body.stream, lambda: service.stream(plan), lambda: service.complete(plan)

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llmserve.api.observability import observation_of
 from llmserve.engine.base import (
     EngineDeadError,
     EngineError,
@@ -124,27 +125,30 @@ def _is_type_tag(part: str) -> bool:
     return part in {"str", "int", "float", "bool"} or part.startswith(("list[", "dict[", "function-"))
 
 
-async def _api_error_handler(_: Request, exc: Exception) -> Response:
-    return to_api_error(exc).to_response()
+def _answer(request: Request, error: APIError) -> Response:
+    if (observation := observation_of(request)) is not None:
+        observation.on_error(error.code)
+    return error.to_response()
 
 
-async def _validation_error_handler(_: Request, exc: Exception) -> Response:
+async def _api_error_handler(request: Request, exc: Exception) -> Response:
+    return _answer(request, to_api_error(exc))
+
+
+async def _validation_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     message, param = describe_validation_errors(list(exc.errors()))
-    return APIError(message, code="invalid_value" if param else "invalid_json", param=param).to_response()
+    return _answer(request, APIError(message, code="invalid_value" if param else "invalid_json", param=param))
 
 
-async def _http_error_handler(_: Request, exc: Exception) -> Response:
+async def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return APIError(
-        str(exc.detail),
-        status_code=exc.status_code,
-        error_type=error_type,
-        code=code,
-        headers=exc.headers,
-    ).to_response()
+    error = APIError(
+        str(exc.detail), status_code=exc.status_code, error_type=error_type, code=code, headers=exc.headers
+    )
+    return _answer(request, error)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -13,7 +14,9 @@ from pydantic import BaseModel
 
 from llmserve.api.disconnect import ClientDisconnectedError, cancel_on_disconnect
 from llmserve.api.errors import model_not_found, to_api_error
+from llmserve.api.observability import observation_of
 from llmserve.config import Config
+from llmserve.metrics import RequestObservation
 from llmserve.protocol.common import ErrorResponse
 from llmserve.serving.streaming import DONE_EVENT, sse_event
 
@@ -47,23 +50,38 @@ async def respond(
     completer: Callable[[], Coroutine[Any, Any, BaseModel]],
 ) -> Response:
     headers = response_headers(request, request_id)
+    observation = observation_of(request)
     if stream:
         return StreamingResponse(
-            _stream_with_errors(streamer()), media_type="text/event-stream", headers=headers
+            _stream_with_errors(streamer(), request_id, observation),
+            media_type="text/event-stream",
+            headers=headers,
         )
     try:
         body = await cancel_on_disconnect(completer(), request)
     except ClientDisconnectedError:
         logger.info("request %s: client disconnected, generation aborted", request_id)
+        if observation is not None:
+            observation.on_rejected("client_disconnected")
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)
 
 
-async def _stream_with_errors(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _stream_with_errors(
+    chunks: AsyncIterator[bytes], request_id: str, observation: RequestObservation | None
+) -> AsyncIterator[bytes]:
     """Once a stream has started its status is sent: errors travel as an SSE error event."""
     try:
         async for chunk in chunks:
             yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        logger.info("request %s: client disconnected mid-stream, generation aborted", request_id)
+        if observation is not None:
+            observation.on_rejected("client_disconnected")
+        raise
     except Exception as exc:
-        yield sse_event(to_api_error(exc).to_body())
+        error = to_api_error(exc)
+        if observation is not None:
+            observation.on_error(error.code)
+        yield sse_event(error.to_body())
         yield DONE_EVENT

@@ -18,6 +18,8 @@ from llmserve.protocol.chat import (
 )
 from llmserve.protocol.common import UsageInfo, unix_time
 from llmserve.serving.generation import (
+    GenerationObserver,
+    NoObserver,
     PlannedPrompt,
     collect_choices,
     fit_max_tokens,
@@ -39,9 +41,15 @@ class PlannedChat:
 
 
 class ChatService:
-    def __init__(self, engine: EngineClient, served_model_name: str) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        served_model_name: str,
+        observer: GenerationObserver | None = None,
+    ) -> None:
         self._engine = engine
         self._model_name = served_model_name
+        self._observer = observer or NoObserver()
 
     async def plan(self, request: ChatCompletionRequest, request_id: str) -> PlannedChat:
         request.reject_unsupported()
@@ -61,7 +69,7 @@ class ChatService:
         return PlannedChat(request, request_id, unix_time(), planned)
 
     async def complete(self, plan: PlannedChat) -> ChatCompletionResponse:
-        states = await collect_choices(self._engine, plan.request_id, [plan.prompt])
+        states = await collect_choices(self._engine, plan.request_id, [plan.prompt], self._observer)
         choices = [
             ChatChoice(
                 index=index,
@@ -85,7 +93,9 @@ class ChatService:
             role = ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
             yield sse_event(self._chunk(plan, [role]))
         completion_tokens = 0
-        async for index, delta in run_generations(self._engine, plan.request_id, [plan.prompt]):
+        async for index, delta in run_generations(
+            self._engine, plan.request_id, [plan.prompt], self._observer
+        ):
             completion_tokens += len(delta.token_ids)
             if not delta.text and delta.finish_reason is None:
                 continue

@@ -22,6 +22,8 @@ from llmserve.protocol.completions import (
     PromptInput,
 )
 from llmserve.serving.generation import (
+    GenerationObserver,
+    NoObserver,
     PlannedPrompt,
     collect_choices,
     fit_max_tokens,
@@ -61,9 +63,15 @@ class PlannedCompletion:
 
 
 class CompletionService:
-    def __init__(self, engine: EngineClient, served_model_name: str) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        served_model_name: str,
+        observer: GenerationObserver | None = None,
+    ) -> None:
         self._engine = engine
         self._model_name = served_model_name
+        self._observer = observer or NoObserver()
 
     async def plan(self, request: CompletionRequest, request_id: str) -> PlannedCompletion:
         request.reject_unsupported()
@@ -100,7 +108,7 @@ class CompletionService:
         return prompt.text if prompt.text is not None else await self._engine.detokenize(prompt.token_ids)
 
     async def complete(self, plan: PlannedCompletion) -> CompletionResponse:
-        states = await collect_choices(self._engine, plan.request_id, plan.prompts)
+        states = await collect_choices(self._engine, plan.request_id, plan.prompts, self._observer)
         choices = []
         for index, state in enumerate(states):
             prompt_index = plan.prompt_of_choice(index)
@@ -126,7 +134,9 @@ class CompletionService:
         """SSE chunks: text deltas per choice, a usage chunk if asked for, then [DONE]."""
         completion_tokens = 0
         text_offsets: dict[int, int] = {}
-        async for index, delta in run_generations(self._engine, plan.request_id, plan.prompts):
+        async for index, delta in run_generations(
+            self._engine, plan.request_id, plan.prompts, self._observer
+        ):
             completion_tokens += len(delta.token_ids)
             first = index not in text_offsets
             prompt_index = plan.prompt_of_choice(index)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from llmserve.engine.base import (
     EngineClient,
@@ -15,6 +16,22 @@ from llmserve.engine.base import (
 )
 from llmserve.protocol.common import UsageInfo
 from llmserve.serving.streaming import merge_async_iterators
+
+
+class GenerationObserver(Protocol):
+    """Told about prompt and generated tokens as they happen (the metrics layer implements it)."""
+
+    def on_prompt(self, prompt_tokens: int) -> None: ...
+
+    def on_tokens(self, choice: int, count: int) -> None: ...
+
+
+class NoObserver:
+    def on_prompt(self, prompt_tokens: int) -> None:
+        pass
+
+    def on_tokens(self, choice: int, count: int) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,15 +49,21 @@ def fit_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, p
 
 
 async def run_generations(
-    engine: EngineClient, request_id: str, planned: Sequence[PlannedPrompt]
+    engine: EngineClient,
+    request_id: str,
+    planned: Sequence[PlannedPrompt],
+    observer: GenerationObserver,
 ) -> AsyncIterator[tuple[int, GenerationDelta]]:
     """Deltas of every choice as they arrive, as (choice index, delta); choice = prompt * n + i."""
+    observer.on_prompt(sum(len(item.prompt.token_ids) for item in planned))
     iterators = [
         engine.generate(item.prompt, item.sampling, f"{request_id}-{position}")
         for position, item in enumerate(planned)
     ]
     async for position, delta in merge_async_iterators(iterators):
-        yield position * planned[position].sampling.n + delta.index, delta
+        choice = position * planned[position].sampling.n + delta.index
+        observer.on_tokens(choice, len(delta.token_ids))
+        yield choice, delta
 
 
 @dataclass(slots=True)
@@ -65,10 +88,13 @@ class ChoiceState:
 
 
 async def collect_choices(
-    engine: EngineClient, request_id: str, planned: Sequence[PlannedPrompt]
+    engine: EngineClient,
+    request_id: str,
+    planned: Sequence[PlannedPrompt],
+    observer: GenerationObserver,
 ) -> list[ChoiceState]:
     choices = [ChoiceState() for item in planned for _ in range(item.sampling.n)]
-    async for index, delta in run_generations(engine, request_id, planned):
+    async for index, delta in run_generations(engine, request_id, planned, observer):
         choices[index].add(delta)
     return choices
 

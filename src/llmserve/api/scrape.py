@@ -1,0 +1,19 @@
+"""GET /metrics: Prometheus exposition of the gateway's and vLLM's own series."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from llmserve.metrics import GatewayMetrics
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    gateway: GatewayMetrics = request.app.state.metrics
+    # vLLM's stat logger registers its `vllm:*` series in the process-wide default registry.
+    body = generate_latest(gateway.registry) + generate_latest(REGISTRY)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

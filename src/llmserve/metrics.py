@@ -1,0 +1,189 @@
+"""Every gateway metric, defined once. vLLM's own `vllm:*` series are exposed beside them, not re-counted.
+
+The gateway measures what vLLM cannot see: HTTP status, end-to-end latency as the client
+experiences it, time to first token through the gateway, rejections and their reasons.
+Queue wait inside the engine is vLLM's `vllm:request_queue_time_seconds`.
+
+One server process serves HTTP (vLLM's engine core runs in its own process and reports its
+stats to this one), so no multiprocess aggregation is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Bucket edges include 0.05, 0.1, 0.2 and 0.5 s so the 200 ms SLO line can be read off directly.
+LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+TOKEN_LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+KNOWN_ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/ready", "/metrics")
+OTHER_ROUTE = "other"
+REJECTION_REASONS = (
+    "rate_limited",
+    "overloaded",
+    "draining",
+    "too_large",
+    "timeout",
+    "client_disconnected",
+)
+
+
+def route_label(path: str) -> str:
+    """Paths outside the known routes share one label, so scanners cannot explode cardinality."""
+    return path if path in KNOWN_ROUTES else OTHER_ROUTE
+
+
+class GatewayMetrics:
+    def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
+        self.model = model
+        self.registry = registry or CollectorRegistry()
+        labels = ["model", "route"]
+        self.requests = Counter(
+            "llmserve_requests_total",
+            "HTTP requests answered, by status code.",
+            [*labels, "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "llmserve_request_errors_total",
+            "Requests answered with an OpenAI error, by its code (also errors sent inside streams).",
+            [*labels, "code"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "llmserve_rejections_total",
+            "Requests refused or cut short for load, policy or the client, by reason.",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "llmserve_requests_in_flight",
+            "Requests being served now.",
+            labels,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "llmserve_e2e_request_latency_seconds",
+            "Arrival to last byte of successful generation requests, as the client sees them.",
+            labels,
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "llmserve_time_to_first_token_seconds",
+            "Arrival to the first generated token leaving the engine.",
+            labels,
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.inter_token = Histogram(
+            "llmserve_inter_token_latency_seconds",
+            "Time between successive generated tokens of one choice.",
+            labels,
+            buckets=TOKEN_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "llmserve_time_per_output_token_seconds",
+            "(end-to-end - time to first token) / (generated tokens - 1), per request.",
+            labels,
+            buckets=TOKEN_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "llmserve_prompt_tokens_total",
+            "Prompt tokens of generation requests that reached the engine.",
+            labels,
+            registry=self.registry,
+        )
+        self.generation_tokens = Counter(
+            "llmserve_generation_tokens_total",
+            "Tokens generated for clients.",
+            labels,
+            registry=self.registry,
+        )
+        # Every generation-route series exists from the start, so dashboards read 0, not "no data".
+        per_route = (
+            self.in_flight,
+            self.e2e_latency,
+            self.ttft,
+            self.inter_token,
+            self.time_per_output_token,
+            self.prompt_tokens,
+            self.generation_tokens,
+        )
+        for route in GENERATION_ROUTES:
+            for metric in per_route:
+                metric.labels(model, route)
+            for reason in REJECTION_REASONS:
+                self.rejections.labels(model, route, reason)
+
+    def observation(self, path: str) -> RequestObservation:
+        return RequestObservation(self, route_label(path))
+
+
+@dataclass
+class RequestObservation:
+    """One request's measurements, filled in as it passes through the layers."""
+
+    metrics: GatewayMetrics
+    route: str
+    arrived_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    generated_tokens: int = 0
+    failed: bool = False
+    _last_token_at: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def _labels(self) -> tuple[str, str]:
+        return self.metrics.model, self.route
+
+    def on_prompt(self, prompt_tokens: int) -> None:
+        self.metrics.prompt_tokens.labels(*self._labels).inc(prompt_tokens)
+
+    def on_tokens(self, choice: int, count: int) -> None:
+        if count <= 0:
+            return
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self.metrics.ttft.labels(*self._labels).observe(now - self.arrived_at)
+        previous = self._last_token_at.get(choice)
+        if previous is not None:
+            gap = (now - previous) / count
+            histogram = self.metrics.inter_token.labels(*self._labels)
+            for _ in range(count):
+                histogram.observe(gap)
+        self._last_token_at[choice] = now
+        self.generated_tokens += count
+        self.metrics.generation_tokens.labels(*self._labels).inc(count)
+
+    def on_error(self, code: str | None) -> None:
+        self.failed = True
+        self.metrics.errors.labels(*self._labels, code or "unknown").inc()
+
+    def on_rejected(self, reason: str) -> None:
+        self.failed = True
+        self.metrics.rejections.labels(*self._labels, reason).inc()
+
+    def on_finished(self, status: int) -> None:
+        """Called once, when the last byte of the response has gone (or the client has)."""
+        self.metrics.requests.labels(*self._labels, str(status)).inc()
+        # A stream that failed or lost its client was sent as 200: it is still no success.
+        if self.failed or not 200 <= status < 300 or self.route not in GENERATION_ROUTES:
+            return
+        e2e = time.perf_counter() - self.arrived_at
+        self.metrics.e2e_latency.labels(*self._labels).observe(e2e)
+        if self.first_token_at is not None and self.generated_tokens > 1:
+            decode_time = e2e - (self.first_token_at - self.arrived_at)
+            per_token = decode_time / (self.generated_tokens - 1)
+            self.metrics.time_per_output_token.labels(*self._labels).observe(per_token)

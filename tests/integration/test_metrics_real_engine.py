@@ -1,0 +1,144 @@
+"""/metrics on the real server: exact gateway counts, cross-checked with vLLM's own series."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+
+from tests.integration.conftest import MODEL
+from tests.integration.server_process import ServerProcess
+from tests.metrics_reader import delta
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+GREEDY = {"temperature": 0.0}
+
+
+def wait_idle(server: ServerProcess, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        scrape = server.scrape()
+        if (
+            scrape.value("vllm:num_requests_running") == 0
+            and scrape.value("vllm:num_requests_waiting") == 0
+            and scrape.value("llmserve_requests_in_flight") == 0
+        ):
+            return
+        time.sleep(0.1)
+    raise AssertionError("server not idle")
+
+
+def test_vllm_engine_series_are_exposed_beside_the_gateway_series(server: ServerProcess) -> None:
+    names = server.scrape().names()
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:request_queue_time_seconds_count",
+        "vllm:generation_tokens_total",
+        "llmserve_requests_total",
+        "llmserve_e2e_request_latency_seconds_bucket",
+        "llmserve_time_to_first_token_seconds_bucket",
+    ):
+        assert name in names, name
+
+
+def test_known_requests_give_exact_counts_that_agree_with_the_engine(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    wait_idle(server)
+    before = server.scrape()
+    usages = [
+        client.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=8, **GREEDY
+        ).usage,
+        client.completions.create(
+            model=MODEL, prompt=["1, 2,", "a, b,"], max_tokens=5, n=2, temperature=1.0, seed=2
+        ).usage,
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, **GREEDY
+        ).usage,
+    ]
+    streamed = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    usages.append(streamed[-1].usage)
+    failures = [
+        httpx.post(
+            f"{server.base_url}{COMPLETIONS}", json={"model": MODEL, "prompt": "x", "max_tokens": 4096}
+        ),
+        httpx.post(f"{server.base_url}{COMPLETIONS}", json={"model": "nope", "prompt": "x"}),
+        httpx.post(f"{server.base_url}{CHAT}", json={"model": MODEL, "messages": [{"role": "bot"}]}),
+    ]
+    assert [r.status_code for r in failures] == [400, 404, 400]
+    wait_idle(server)
+    after = server.scrape()
+
+    def d(name: str, **labels: str) -> float:
+        return delta(after, before, name, **labels)
+
+    completion_tokens = sum(u.completion_tokens for u in usages if u)
+    prompt_tokens = sum(u.prompt_tokens for u in usages if u)
+    assert d("llmserve_requests_total", route=COMPLETIONS, status="200") == 2
+    assert d("llmserve_requests_total", route=CHAT, status="200") == 2
+    assert d("llmserve_requests_total", route=COMPLETIONS, status="400") == 1
+    assert d("llmserve_requests_total", route=COMPLETIONS, status="404") == 1
+    assert d("llmserve_requests_total", route=CHAT, status="400") == 1
+    assert d("llmserve_request_errors_total", code="context_length_exceeded") == 1
+    assert d("llmserve_request_errors_total", code="model_not_found") == 1
+    assert d("llmserve_request_errors_total", code="invalid_value") == 1
+    assert d("llmserve_e2e_request_latency_seconds_count") == 4
+    assert d("llmserve_time_to_first_token_seconds_count") == 4
+    assert d("llmserve_generation_tokens_total") == completion_tokens
+    assert d("llmserve_prompt_tokens_total") == prompt_tokens
+    # The engine counted the same work: 1 + 2x2 + 1 + 1 engine sequences, the same tokens.
+    assert d("vllm:generation_tokens_total") == completion_tokens
+    # usage counts a prompt once, as OpenAI does; vLLM counts it for each of the n=2 sequences
+    assert usages[1] is not None
+    assert d("vllm:prompt_tokens_total") == prompt_tokens + usages[1].prompt_tokens
+    assert d("vllm:request_success_total") == 7
+    assert after.value("llmserve_requests_in_flight") == 0
+    assert after.value("vllm:num_requests_running") == 0
+
+
+def test_time_to_first_token_never_exceeds_end_to_end(server: ServerProcess, client: openai.OpenAI) -> None:
+    for max_tokens, stream in ((1, False), (16, False), (16, True), (40, True)):
+        before = server.scrape()
+        response = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=max_tokens, stream=stream, **GREEDY
+        )
+        if stream:
+            list(response)  # type: ignore[arg-type]
+        after = server.scrape()
+        ttft = delta(after, before, "llmserve_time_to_first_token_seconds_sum")
+        e2e = delta(after, before, "llmserve_e2e_request_latency_seconds_sum")
+        assert delta(after, before, "llmserve_e2e_request_latency_seconds_count") == 1
+        assert 0 < ttft <= e2e
+
+
+def test_client_disconnect_is_counted_as_a_rejection_and_not_as_a_success(server: ServerProcess) -> None:
+    wait_idle(server)
+    before = server.scrape()
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "stream": True, **GREEDY}
+    with httpx.stream("POST", f"{server.base_url}{COMPLETIONS}", json=body) as response:
+        for index, _ in enumerate(response.iter_lines()):
+            if index >= 4:
+                break
+    wait_idle(server)
+    after = server.scrape()
+    assert delta(after, before, "llmserve_rejections_total", reason="client_disconnected") == 1
+    assert delta(after, before, "llmserve_e2e_request_latency_seconds_count") == 0
+    assert after.value("llmserve_requests_in_flight") == 0
