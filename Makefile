@@ -14,12 +14,13 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean
+.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
 	@echo "make test    set up what is missing, run the whole test suite"
 	@echo "make lint    ruff + mypy (strict)"
+	@echo "make dashboard-png   (server running) key dashboard panels as a PNG + /metrics scrape cost"
 
 $(VENV_STAMP): $(VENV_INPUTS)
 	scripts/setup-venv.sh $(VENV)
@@ -43,13 +44,21 @@ test-integration: model
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests loadtest
+	$(VENV)/bin/ruff format --check src tests loadtest
 	$(VENV)/bin/mypy
 
 format: venv
-	$(VENV)/bin/ruff format src tests
-	$(VENV)/bin/ruff check --fix src tests
+	$(VENV)/bin/ruff format src tests loadtest
+	$(VENV)/bin/ruff check --fix src tests loadtest
+
+# With a server running (make serve): render the dashboard's panels to a PNG under a bounded load,
+# and report what a /metrics scrape costs under that load.
+URL ?= http://127.0.0.1:8000
+dashboard-png: venv
+	$(PY) -m loadtest.dashboard_png --url $(URL) --duration 60 --load 16 --out results/dashboard.png
+
+bench-metrics: dashboard-png
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

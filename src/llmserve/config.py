@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 DEFAULT_PROFILE_NAME = "cpu-smollm2.yaml"
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 ENV_PREFIX = "LLMSERVE_"
 
 
@@ -48,7 +49,7 @@ class EngineConfig(_Section):
     device: Literal["cpu", "cuda"] = "cpu"
     model: Path = Path(".cache/models/SmolLM2-135M-Instruct")
     tokenizer: Path | None = None
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Dtype = "auto"
     max_model_len: int = Field(default=2048, ge=16)
     max_num_seqs: int = Field(default=64, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=16)

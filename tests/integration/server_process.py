@@ -14,8 +14,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-
-from tests.metrics_reader import Scrape
+from loadtest.prom import Scrape
 
 REPO = Path(__file__).resolve().parents[2]
 

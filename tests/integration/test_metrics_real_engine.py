@@ -6,10 +6,10 @@ import time
 
 import httpx
 import openai
+from loadtest.prom import delta
 
 from tests.integration.conftest import MODEL
 from tests.integration.server_process import ServerProcess
-from tests.metrics_reader import delta
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

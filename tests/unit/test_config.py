@@ -85,3 +85,22 @@ def test_overrides_parse_yaml_scalars_and_reject_garbage() -> None:
     }
     with pytest.raises(ConfigError):
         parse_overrides(["no-equals-sign"])
+
+
+def test_auto_dtype_on_cpu_is_bf16_only_where_the_cpu_computes_it_natively(tmp_path: Path) -> None:
+    from llmserve.engine.vllm_engine import cpu_has_native_bf16
+
+    avx2_only = tmp_path / "avx2"
+    avx2_only.write_text("flags\t: fpu sse avx avx2 fma\n")
+    sapphire_rapids = tmp_path / "spr"
+    sapphire_rapids.write_text("flags\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n")
+    assert not cpu_has_native_bf16(avx2_only)
+    assert cpu_has_native_bf16(sapphire_rapids)
+    assert not cpu_has_native_bf16(tmp_path / "missing")
+
+
+def test_explicit_dtype_is_passed_through_unchanged() -> None:
+    from llmserve.engine.vllm_engine import resolve_dtype
+
+    config = load_config(None, parse_overrides(["engine.dtype=bfloat16"]))
+    assert resolve_dtype(config.engine) == "bfloat16"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from loadtest.prom import Scrape, delta
 
 from llmserve.metrics import LATENCY_BUCKETS_S, REJECTION_REASONS, GatewayMetrics, route_label
-from tests.metrics_reader import Scrape, delta
 from tests.unit.conftest import MODEL
 
 COMPLETIONS = "/v1/completions"

@@ -6,11 +6,12 @@ import asyncio
 import gc
 import logging
 import os
+from pathlib import Path
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from llmserve.config import EngineConfig
+from llmserve.config import Dtype, EngineConfig
 from llmserve.engine.base import (
     ChatMessage,
     EngineDeadError,
@@ -37,6 +38,25 @@ GIB = 1 << 30
 LONG_PROMPT_CHARS = 4096
 
 
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    try:
+        flags = cpuinfo.read_text(errors="replace").split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
+
+
+def resolve_dtype(config: EngineConfig) -> Dtype:
+    """`auto` on CPU: bf16 where the CPU computes it natively, else float32, which is ~3x faster
+    than emulated bf16 at batch 32 on an AVX2-only CPU. On GPU, `auto` is vLLM's own choice."""
+    if config.dtype != "auto" or config.device != "cpu":
+        return config.dtype
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
 def build_engine_args(config: EngineConfig, served_model_name: str) -> AsyncEngineArgs:
     """The one place where our engine config becomes vLLM's engine arguments."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -46,7 +66,7 @@ def build_engine_args(config: EngineConfig, served_model_name: str) -> AsyncEngi
         model=str(config.model),
         tokenizer=str(config.tokenizer) if config.tokenizer else None,
         served_model_name=[served_model_name],
-        dtype=config.dtype,
+        dtype=resolve_dtype(config),
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
