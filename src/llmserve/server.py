@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 def serve(config: Config) -> int:
     # `*_created` timestamps are a quarter of the exposition and no dashboard reads them.
-    prometheus_client.disable_created_metrics()
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     app = create_app(config)
     server_config = config.server
     uvicorn_config = uvicorn.Config(

@@ -6,9 +6,9 @@ import asyncio
 import gc
 import logging
 import os
-from pathlib import Path
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmserve.config import Dtype, EngineConfig
