@@ -6,7 +6,6 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from llmserve.engine.base import EngineClient
 from llmserve.protocol.chat import (
     AssistantMessage,
     ChatChoice,
@@ -18,8 +17,7 @@ from llmserve.protocol.chat import (
 )
 from llmserve.protocol.common import UsageInfo, unix_time
 from llmserve.serving.generation import (
-    GenerationObserver,
-    NoObserver,
+    GenerationService,
     PlannedPrompt,
     collect_choices,
     fit_max_tokens,
@@ -40,17 +38,7 @@ class PlannedChat:
     prompt: PlannedPrompt
 
 
-class ChatService:
-    def __init__(
-        self,
-        engine: EngineClient,
-        served_model_name: str,
-        observer: GenerationObserver | None = None,
-    ) -> None:
-        self._engine = engine
-        self._model_name = served_model_name
-        self._observer = observer or NoObserver()
-
+class ChatService(GenerationService):
     async def plan(self, request: ChatCompletionRequest, request_id: str) -> PlannedChat:
         request.reject_unsupported()
         if ignored := request.unknown_fields_ignored():

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from llmserve.engine.base import (
-    EngineClient,
     InvalidRequestError,
     PositionLogprobs,
     TokenizedPrompt,
@@ -22,8 +21,7 @@ from llmserve.protocol.completions import (
     PromptInput,
 )
 from llmserve.serving.generation import (
-    GenerationObserver,
-    NoObserver,
+    GenerationService,
     PlannedPrompt,
     collect_choices,
     fit_max_tokens,
@@ -62,17 +60,7 @@ class PlannedCompletion:
         return choice_index // self.request.n
 
 
-class CompletionService:
-    def __init__(
-        self,
-        engine: EngineClient,
-        served_model_name: str,
-        observer: GenerationObserver | None = None,
-    ) -> None:
-        self._engine = engine
-        self._model_name = served_model_name
-        self._observer = observer or NoObserver()
-
+class CompletionService(GenerationService):
     async def plan(self, request: CompletionRequest, request_id: str) -> PlannedCompletion:
         request.reject_unsupported()
         if request.unknown_fields:

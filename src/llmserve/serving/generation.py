@@ -34,6 +34,20 @@ class NoObserver:
         pass
 
 
+class GenerationService:
+    """What every endpoint's service holds: the engine, the public model name, an observer."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        served_model_name: str,
+        observer: GenerationObserver | None = None,
+    ) -> None:
+        self._engine = engine
+        self._model_name = served_model_name
+        self._observer = observer or NoObserver()
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedPrompt:
     prompt: TokenizedPrompt
