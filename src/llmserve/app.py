@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from llmserve import __version__
 from llmserve.api import chat, completions, health, models, scrape
+from llmserve.api.body_limit import BodySizeLimitMiddleware
 from llmserve.api.errors import install_error_handlers
 from llmserve.api.observability import MetricsMiddleware
 from llmserve.config import Config
@@ -49,6 +50,8 @@ def create_app(
     app.state.config = config
     app.state.runtime = runtime
     app.state.metrics = gateway_metrics
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.server.max_request_body_bytes)
+    # Added last, so outermost: every request is observed, also those refused for their size.
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
     install_error_handlers(app)
     for module in (completions, chat, models, health, scrape):

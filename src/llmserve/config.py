@@ -39,6 +39,9 @@ class ServerConfig(_Section):
     readiness_timeout_s: float = Field(
         default=300.0, gt=0, description="How long start-up may take before the server gives up."
     )
+    max_request_body_bytes: int = Field(
+        default=1 << 20, ge=1024, description="Larger request bodies are refused with 413."
+    )
     shutdown_timeout_s: float = Field(
         default=30.0, gt=0, description="How long in-flight requests may run after SIGTERM."
     )

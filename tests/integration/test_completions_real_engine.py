@@ -212,3 +212,11 @@ def test_server_is_healthy_after_all_of_the_above(server: ServerProcess, client:
         model=MODEL, prompt="The capital of France is", max_tokens=4, **GREEDY
     )
     assert completion.choices[0].text
+
+
+def test_oversized_body_is_413_before_any_work(server: ServerProcess) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "word " * 300_000}).encode()
+    assert len(body) > 1 << 20
+    response = post(server, body)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"

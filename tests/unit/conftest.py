@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,13 +20,22 @@ def fake_engine() -> FakeEngine:
     return FakeEngine()
 
 
-@pytest.fixture
-def client(fake_engine: FakeEngine) -> Iterator[TestClient]:
-    """The real app (routers, errors, serving) in front of FakeEngine, started and ready."""
-    app = create_app(load_config(), engine_starter=fake_starter(fake_engine), on_fatal=lambda: None)
+@contextmanager
+def make_client(
+    overrides: dict[str, Any] | None = None, engine: FakeEngine | None = None
+) -> Iterator[TestClient]:
+    """The real app (middleware, routers, errors, serving) in front of FakeEngine, started and ready."""
+    starter = fake_starter(engine or FakeEngine())
+    app = create_app(load_config(None, overrides), engine_starter=starter, on_fatal=lambda: None)
     with TestClient(app, raise_server_exceptions=False) as test_client:
         deadline = time.monotonic() + 5
         while test_client.get("/ready").status_code != 200:
             assert time.monotonic() < deadline, "fake engine never became ready"
             time.sleep(0.01)
+        yield test_client
+
+
+@pytest.fixture
+def client(fake_engine: FakeEngine) -> Iterator[TestClient]:
+    with make_client(engine=fake_engine) as test_client:
         yield test_client

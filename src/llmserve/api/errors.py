@@ -23,6 +23,7 @@ from llmserve.protocol.sampling import InvalidParameterError, UnsupportedParamet
 from llmserve.runtime import EngineNotReadyError
 
 logger = logging.getLogger(__name__)
+TOO_LARGE_CODE = "request_too_large"
 
 
 class APIError(Exception):
@@ -144,7 +145,9 @@ async def _validation_error_handler(request: Request, exc: Exception) -> Respons
 async def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    code = {404: "not_found", 405: "method_not_allowed", 413: TOO_LARGE_CODE}.get(exc.status_code)
+    if exc.status_code == 413 and (observation := observation_of(request)) is not None:
+        observation.on_rejected("too_large")
     error = APIError(
         str(exc.detail), status_code=exc.status_code, error_type=error_type, code=code, headers=exc.headers
     )
