@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from llmserve import __version__
 from llmserve.api import chat, completions, health, models, scrape
+from llmserve.api.auth import ApiKeyRequired, KeyRing
 from llmserve.api.body_limit import BodySizeLimitMiddleware
 from llmserve.api.errors import install_error_handlers
 from llmserve.api.observability import MetricsMiddleware
@@ -53,7 +54,10 @@ def create_app(
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.server.max_request_body_bytes)
     # Added last, so outermost: every request is observed, also those refused for their size.
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
+    app.state.keys = KeyRing.from_config(config.auth)
     install_error_handlers(app)
-    for module in (completions, chat, models, health, scrape):
-        app.include_router(module.router)
+    for module in (completions, chat, models):
+        app.include_router(module.router, dependencies=[ApiKeyRequired])
+    app.include_router(health.router)
+    app.include_router(scrape.router, dependencies=[ApiKeyRequired] if config.auth.protect_metrics else [])
     return app

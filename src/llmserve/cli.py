@@ -79,7 +79,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ModelNotPreparedError as exc:
         print(f"llmserve: {exc}", file=sys.stderr)
         return 2
-    return serve(config)
+    try:
+        return serve(config)
+    except ConfigError as exc:
+        print(f"llmserve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _prepare_model(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -36,15 +36,31 @@ class ServerConfig(_Section):
     port: int = Field(default=8000, ge=0, le=65535)
     served_model_name: str = Field(default="SmolLM2-135M-Instruct", min_length=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    readiness_timeout_s: float = Field(
-        default=300.0, gt=0, description="How long start-up may take before the server gives up."
-    )
     max_request_body_bytes: int = Field(
         default=1 << 20, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="Longest a request may run; a request may ask for less."
     )
     shutdown_timeout_s: float = Field(
         default=30.0, gt=0, description="How long in-flight requests may run after SIGTERM."
     )
+
+
+class AuthConfig(_Section):
+    """API keys: off when neither `api_keys` nor `api_keys_file` is set."""
+
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Keys, e.g. LLMSERVE_AUTH__API_KEYS='[\"sk-1\"]'."
+    )
+    api_keys_file: Path | None = Field(
+        default=None, description="One key (or `sha256:<hex digest>`) per line; # starts a comment."
+    )
+    protect_metrics: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys) or self.api_keys_file is not None
 
 
 class EngineConfig(_Section):
@@ -86,6 +102,7 @@ class Config(BaseSettings):
     )
 
     server: ServerConfig = ServerConfig()
+    auth: AuthConfig = AuthConfig()
     engine: EngineConfig = EngineConfig()
 
 

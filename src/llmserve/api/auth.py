@@ -1,0 +1,86 @@
+"""Optional API keys: `Authorization: Bearer <key>`, stored and compared as SHA-256 digests."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from llmserve.api.errors import APIError
+from llmserve.config import AuthConfig, ConfigError
+
+DIGEST_PREFIX = "sha256:"
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+class KeyRing:
+    """The digests of the accepted keys; never the keys themselves."""
+
+    def __init__(self, digests: list[bytes]) -> None:
+        self._digests = digests
+
+    @classmethod
+    def from_config(cls, config: AuthConfig) -> KeyRing | None:
+        if not config.enabled:
+            return None
+        digests = [digest(key.get_secret_value()) for key in config.api_keys]
+        if config.api_keys_file is not None:
+            digests.extend(read_key_file(config.api_keys_file))
+        if not digests:
+            raise ConfigError("auth is configured but no API key was given")
+        return cls(digests)
+
+    def accepts(self, key: str) -> bool:
+        candidate = digest(key)
+        # Compare against every key, in constant time each, so timing says nothing about which.
+        matches = [hmac.compare_digest(candidate, known) for known in self._digests]
+        return any(matches)
+
+
+def read_key_file(path: Path) -> list[bytes]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read auth.api_keys_file {path}: {exc.strerror}") from exc
+    digests = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith(DIGEST_PREFIX):
+            try:
+                value = bytes.fromhex(line.removeprefix(DIGEST_PREFIX))
+            except ValueError:
+                value = b""
+            if len(value) != hashlib.sha256().digest_size:
+                raise ConfigError(f"{path}:{number}: not a SHA-256 hex digest")
+            digests.append(value)
+        else:
+            digests.append(digest(line))
+    return digests
+
+
+def unauthorized(message: str) -> APIError:
+    return APIError(message, status_code=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_api_key(
+    request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
+) -> None:
+    keys: KeyRing | None = request.app.state.keys
+    if keys is None:
+        return
+    if not authorization:
+        raise unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip() or not keys.accepts(key.strip()):
+        raise unauthorized("Incorrect API key provided.")
+
+
+ApiKeyRequired = Depends(require_api_key)
