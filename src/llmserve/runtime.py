@@ -13,6 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from llmserve.config import Config
+from llmserve.deadlines import DeadlineBook
 from llmserve.engine.base import EngineClient, EngineError, SamplingSpec
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,10 @@ class EngineNotReadyError(EngineError):
     """The engine is still starting, or has stopped."""
 
 
+class DrainingError(EngineError):
+    """The server is shutting down: it finishes what it has and takes nothing new."""
+
+
 class EngineRuntime:
     def __init__(self, config: Config, starter: EngineStarter, on_fatal: Callable[[], None]) -> None:
         self._config = config
@@ -35,19 +40,37 @@ class EngineRuntime:
         self._task: asyncio.Task[None] | None = None
         self.exit_code = 0
         self.ready_after_s: float | None = None
+        self.deadlines = DeadlineBook()
+        self.draining = False
 
     @property
     def is_ready(self) -> bool:
-        return self._engine is not None and not self._engine.is_dead
+        return self._engine is not None and not self._engine.is_dead and not self.draining
 
     @property
     def is_failed(self) -> bool:
         return self.exit_code != 0 or (self._engine is not None and self._engine.is_dead)
 
     def engine(self) -> EngineClient:
+        if self.draining:
+            raise DrainingError("the server is shutting down")
         if self._engine is None:
             raise EngineNotReadyError("the inference engine is not ready")
         return self._engine
+
+    def begin_drain(self, timeout_s: float) -> None:
+        """Readiness turns false, new requests are refused, in-flight ones get `timeout_s` to finish."""
+        if self.draining:
+            return
+        self.draining = True
+        self.deadlines.drain(timeout_s)
+        logger.info(
+            "draining: %d request(s) in flight get up to %.0f s to finish", len(self.deadlines), timeout_s
+        )
+
+    @property
+    def drained(self) -> bool:
+        return self.draining and len(self.deadlines) == 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="llmserve-engine")

@@ -1,9 +1,12 @@
-"""Run the app under uvicorn and turn the engine's fate into the process exit code."""
+"""Run the app under uvicorn: drain on SIGTERM, and turn the engine's fate into the exit code."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
+import socket
+from types import FrameType
 
 import prometheus_client
 import uvicorn
@@ -15,10 +18,39 @@ from llmserve.runtime import EngineRuntime
 logger = logging.getLogger(__name__)
 
 
+class DrainingServer(uvicorn.Server):
+    """The first SIGTERM/SIGINT starts a drain: readiness turns false at once, new requests get
+    503, in-flight requests get `shutdown_timeout_s` to finish (then an error), and the process
+    exits once none is left. A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, runtime: EngineRuntime, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self.drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.runtime.draining or self._loop is None or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        logger.info("received %s: draining", signal.Signals(sig).name)
+        self._loop.call_soon_threadsafe(self.runtime.begin_drain, self.drain_timeout_s)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.runtime.drained:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
 def serve(config: Config) -> int:
     # `*_created` timestamps are a quarter of the exposition and no dashboard reads them.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     app = create_app(config)
+    runtime: EngineRuntime = app.state.runtime
     server_config = config.server
     uvicorn_config = uvicorn.Config(
         app,
@@ -27,7 +59,8 @@ def serve(config: Config) -> int:
         log_level=server_config.log_level,
         loop="uvloop",
         http="httptools",
-        timeout_graceful_shutdown=int(server_config.shutdown_timeout_s),
+        # The drain has already given requests their time; this only bounds stragglers.
+        timeout_graceful_shutdown=5,
         access_log=False,
     )
     logger.info(
@@ -36,12 +69,11 @@ def serve(config: Config) -> int:
         server_config.port,
         config.engine.model,
     )
-    server = uvicorn.Server(uvicorn_config)
+    server = DrainingServer(uvicorn_config, runtime, server_config.shutdown_timeout_s)
     # uvicorn re-raises the signal it shut down for, after restoring the previous handler; with
     # this one in place a graceful SIGTERM ends in exit code 0 (1 if the engine failed).
     signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
-    runtime: EngineRuntime = app.state.runtime
     if not server.started:
         return 1
     return runtime.exit_code

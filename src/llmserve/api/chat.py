@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from llmserve.api.deps import ConfigDep, EngineDep
-from llmserve.api.generation import ERROR_RESPONSES, check_model, new_request_id, respond
+from llmserve.api.generation import ERROR_RESPONSES, check_model, new_request_id, respond, timeout_for
 from llmserve.api.observability import observation_of
 from llmserve.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from llmserve.serving.chat import ChatService
@@ -26,5 +26,10 @@ async def create_chat_completion(
     service = ChatService(engine, config.server.served_model_name, observation_of(request))
     plan = await service.plan(body, new_request_id("chatcmpl"))
     return await respond(
-        request, plan.request_id, body.stream, lambda: service.stream(plan), lambda: service.complete(plan)
+        request,
+        plan.request_id,
+        body.stream,
+        timeout_for(config, body.timeout),
+        lambda: service.stream(plan),
+        lambda: service.complete(plan),
     )

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 
@@ -22,12 +21,16 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def cancel_on_disconnect(work: Coroutine[Any, Any, T], request: Request) -> T:
-    """Run `work`; if the client disconnects first, cancel it (which aborts its engine requests)."""
-    work_task = asyncio.ensure_future(work)
+async def cancel_on_disconnect(work_task: asyncio.Task[T], request: Request) -> T:
+    """Await `work_task`; if the client disconnects first, cancel it (aborting its engine requests).
+
+    A task cancelled by someone else (a deadline) raises CancelledError here."""
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
         await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        work_task.cancel()
+        raise
     finally:
         watcher.cancel()
     if not work_task.done():

@@ -20,7 +20,7 @@ from llmserve.engine.base import (
 )
 from llmserve.protocol.common import ErrorInfo, ErrorResponse
 from llmserve.protocol.sampling import InvalidParameterError, UnsupportedParameterError
-from llmserve.runtime import EngineNotReadyError
+from llmserve.runtime import DrainingError, EngineNotReadyError
 
 logger = logging.getLogger(__name__)
 TOO_LARGE_CODE = "request_too_large"
@@ -86,6 +86,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(str(exc), code="invalid_value", param=exc.param)
     if isinstance(exc, InvalidRequestError):
         return APIError(str(exc), code="invalid_value", param=exc.param)
+    if isinstance(exc, DrainingError):
+        return service_unavailable("The server is shutting down; retry on another instance.", "draining", 1)
     if isinstance(exc, EngineNotReadyError):
         return service_unavailable("The inference engine is not ready yet.", "engine_not_ready", 5)
     if isinstance(exc, EngineDeadError):
@@ -126,9 +128,15 @@ def _is_type_tag(part: str) -> bool:
     return part in {"str", "int", "float", "bool"} or part.startswith(("list[", "dict[", "function-"))
 
 
+# Errors that are refusals for load or policy are also counted as rejections, by reason.
+REJECTION_REASON_OF_CODE = {TOO_LARGE_CODE: "too_large", "draining": "draining"}
+
+
 def _answer(request: Request, error: APIError) -> Response:
     if (observation := observation_of(request)) is not None:
         observation.on_error(error.code)
+        if (reason := REJECTION_REASON_OF_CODE.get(error.code or "")) is not None:
+            observation.on_rejected(reason)
     return error.to_response()
 
 
@@ -146,8 +154,6 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     code = {404: "not_found", 405: "method_not_allowed", 413: TOO_LARGE_CODE}.get(exc.status_code)
-    if exc.status_code == 413 and (observation := observation_of(request)) is not None:
-        observation.on_rejected("too_large")
     error = APIError(
         str(exc.detail), status_code=exc.status_code, error_type=error_type, code=code, headers=exc.headers
     )

@@ -13,9 +13,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from llmserve.api.disconnect import ClientDisconnectedError, cancel_on_disconnect
-from llmserve.api.errors import model_not_found, to_api_error
+from llmserve.api.errors import APIError, model_not_found, service_unavailable, to_api_error
 from llmserve.api.observability import observation_of
 from llmserve.config import Config
+from llmserve.deadlines import DeadlineBook, ExpiryReason
 from llmserve.metrics import RequestObservation
 from llmserve.protocol.common import ErrorResponse
 from llmserve.serving.streaming import DONE_EVENT, sse_event
@@ -25,8 +26,14 @@ logger = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"
 CLIENT_CLOSED_REQUEST = 499
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 500, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503, 504)
 }
+
+
+def timeout_for(config: Config, requested_s: float | None) -> float:
+    """The server's limit, or less if the request asks for less."""
+    limit = config.server.request_timeout_s
+    return min(limit, requested_s) if requested_s is not None else limit
 
 
 def check_model(config: Config, model: str) -> None:
@@ -42,46 +49,107 @@ def response_headers(request: Request, request_id: str) -> dict[str, str]:
     return {REQUEST_ID_HEADER: request.headers.get(REQUEST_ID_HEADER, request_id)}
 
 
+def expiry_error(reason: ExpiryReason) -> APIError:
+    if reason == "draining":
+        return service_unavailable(
+            "The server is shutting down and could not finish this request.", "draining", 1
+        )
+    return APIError(
+        "The request did not finish within its timeout.",
+        status_code=504,
+        error_type="timeout_error",
+        code="request_timeout",
+    )
+
+
+def _note_expiry(observation: RequestObservation | None, reason: ExpiryReason) -> None:
+    if observation is not None:
+        observation.on_rejected(reason)
+
+
 async def respond(
     request: Request,
     request_id: str,
     stream: bool,
+    timeout_s: float,
     streamer: Callable[[], AsyncIterator[bytes]],
     completer: Callable[[], Coroutine[Any, Any, BaseModel]],
 ) -> Response:
     headers = response_headers(request, request_id)
     observation = observation_of(request)
+    deadlines: DeadlineBook = request.app.state.runtime.deadlines
     if stream:
         return StreamingResponse(
-            _stream_with_errors(streamer(), request_id, observation),
+            _guarded_stream(streamer, request_id, observation, deadlines, timeout_s),
             media_type="text/event-stream",
             headers=headers,
         )
+    work: asyncio.Task[BaseModel] = asyncio.create_task(completer())
+    deadline = deadlines.start(work, timeout_s)
     try:
-        body = await cancel_on_disconnect(completer(), request)
+        body = await cancel_on_disconnect(work, request)
     except ClientDisconnectedError:
         logger.info("request %s: client disconnected, generation aborted", request_id)
         if observation is not None:
             observation.on_rejected("client_disconnected")
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except asyncio.CancelledError:
+        if deadline.expired is None:
+            raise
+        logger.info("request %s: %s, generation aborted", request_id, deadline.expired)
+        _note_expiry(observation, deadline.expired)
+        raise expiry_error(deadline.expired) from None
+    finally:
+        deadline.release()
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)
 
 
-async def _stream_with_errors(
-    chunks: AsyncIterator[bytes], request_id: str, observation: RequestObservation | None
+async def _guarded_stream(
+    streamer: Callable[[], AsyncIterator[bytes]],
+    request_id: str,
+    observation: RequestObservation | None,
+    deadlines: DeadlineBook,
+    timeout_s: float,
 ) -> AsyncIterator[bytes]:
-    """Once a stream has started its status is sent: errors travel as an SSE error event."""
+    """Relay the stream from a task of its own, so a deadline can stop the work and still answer.
+
+    Once a stream has started its status is sent: errors travel as an SSE error event + [DONE]."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def produce() -> None:
+        async for chunk in streamer():
+            await queue.put(chunk)
+
+    producer = asyncio.create_task(produce())
+    deadline = deadlines.start(producer, timeout_s)
     try:
-        async for chunk in chunks:
-            yield chunk
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            yield getter.result()
+        while not queue.empty():
+            yield queue.get_nowait()
+        error = None
+        if producer.cancelled():
+            reason = deadline.expired or "timeout"
+            logger.info("request %s: %s mid-stream, generation aborted", request_id, reason)
+            _note_expiry(observation, reason)
+            error = expiry_error(reason)
+        elif (exc := producer.exception()) is not None:
+            error = to_api_error(exc)
+        if error is not None:
+            if observation is not None:
+                observation.on_error(error.code)
+            yield sse_event(error.to_body())
+            yield DONE_EVENT
     except (asyncio.CancelledError, GeneratorExit):
         logger.info("request %s: client disconnected mid-stream, generation aborted", request_id)
         if observation is not None:
             observation.on_rejected("client_disconnected")
         raise
-    except Exception as exc:
-        error = to_api_error(exc)
-        if observation is not None:
-            observation.on_error(error.code)
-        yield sse_event(error.to_body())
-        yield DONE_EVENT
+    finally:
+        producer.cancel()
+        deadline.release()

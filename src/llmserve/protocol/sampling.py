@@ -52,6 +52,8 @@ class SamplingFields(OpenAIBaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # llmserve extension: finish within this many seconds (capped by server.request_timeout_s).
+    timeout: float | None = Field(default=None, gt=0)
 
     @field_validator("stop")
     @classmethod
