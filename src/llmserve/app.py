@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from llmserve import __version__
 from llmserve.api import chat, completions, health, models, scrape
+from llmserve.api.admission import AdmissionController
 from llmserve.api.auth import ApiKeyRequired, KeyRing
 from llmserve.api.body_limit import BodySizeLimitMiddleware
 from llmserve.api.errors import install_error_handlers
@@ -55,6 +56,8 @@ def create_app(
     # Added last, so outermost: every request is observed, also those refused for their size.
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
     app.state.keys = KeyRing.from_config(config.auth)
+    app.state.admission = AdmissionController(config.admission)
+    gateway_metrics.watch_admission(lambda: app.state.admission.waiting)
     install_error_handlers(app)
     for module in (completions, chat, models):
         app.include_router(module.router, dependencies=[ApiKeyRequired])

@@ -47,6 +47,19 @@ class ServerConfig(_Section):
     )
 
 
+class AdmissionConfig(_Section):
+    """The gateway's bounded queue in front of the engine (see README, "Admission control")."""
+
+    enabled: bool = True
+    max_in_flight: int = Field(default=64, ge=1, description="Engine sequences running at once.")
+    max_waiting: int = Field(default=256, ge=0, description="Requests waiting for a slot.")
+    max_waiting_prompt_tokens: int = Field(default=262_144, ge=0)
+    queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest a request may wait.")
+    shed_by_estimate: bool = Field(
+        default=True, description="Refuse at once a request whose estimated wait exceeds queue_timeout_s."
+    )
+
+
 class AuthConfig(_Section):
     """API keys: off when neither `api_keys` nor `api_keys_file` is set."""
 
@@ -102,6 +115,7 @@ class Config(BaseSettings):
     )
 
     server: ServerConfig = ServerConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     engine: EngineConfig = EngineConfig()
 

@@ -11,6 +11,7 @@ stats to this one), so no multiprocess aggregation is needed.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -99,6 +100,19 @@ class GatewayMetrics:
             buckets=TOKEN_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        self.queue_wait = Histogram(
+            "llmserve_queue_wait_seconds",
+            "Time admitted requests waited in the gateway's admission queue.",
+            labels,
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.waiting = Gauge(
+            "llmserve_requests_waiting",
+            "Requests waiting in the gateway's admission queue now.",
+            ["model"],
+            registry=self.registry,
+        )
         self.prompt_tokens = Counter(
             "llmserve_prompt_tokens_total",
             "Prompt tokens of generation requests that reached the engine.",
@@ -115,6 +129,7 @@ class GatewayMetrics:
         per_route = (
             self.in_flight,
             self.e2e_latency,
+            self.queue_wait,
             self.ttft,
             self.inter_token,
             self.time_per_output_token,
@@ -126,6 +141,9 @@ class GatewayMetrics:
                 metric.labels(model, route)
             for reason in REJECTION_REASONS:
                 self.rejections.labels(model, route, reason)
+
+    def watch_admission(self, waiting: Callable[[], int]) -> None:
+        self.waiting.labels(self.model).set_function(waiting)
 
     def observation(self, path: str) -> RequestObservation:
         return RequestObservation(self, route_label(path))
@@ -146,6 +164,9 @@ class RequestObservation:
     @property
     def _labels(self) -> tuple[str, str]:
         return self.metrics.model, self.route
+
+    def on_admitted(self, waited_s: float) -> None:
+        self.metrics.queue_wait.labels(*self._labels).observe(waited_s)
 
     def on_prompt(self, prompt_tokens: int) -> None:
         self.metrics.prompt_tokens.labels(*self._labels).inc(prompt_tokens)

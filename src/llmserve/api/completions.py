@@ -5,8 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from llmserve.api.deps import ConfigDep, EngineDep
-from llmserve.api.generation import ERROR_RESPONSES, check_model, new_request_id, respond, timeout_for
+from llmserve.api.deps import AdmissionDep, ConfigDep, EngineDep
+from llmserve.api.generation import (
+    ERROR_RESPONSES,
+    Admission,
+    check_model,
+    new_request_id,
+    respond,
+    timeout_for,
+)
 from llmserve.api.observability import observation_of
 from llmserve.protocol.completions import CompletionRequest, CompletionResponse
 from llmserve.serving.completions import CompletionService
@@ -20,9 +27,14 @@ router = APIRouter(tags=["completions"])
     responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES},
 )
 async def create_completion(
-    body: CompletionRequest, request: Request, config: ConfigDep, engine: EngineDep
+    body: CompletionRequest,
+    request: Request,
+    config: ConfigDep,
+    engine: EngineDep,
+    admission: AdmissionDep,
 ) -> Response:
     check_model(config, body.model)
+    admission.check_fast()
     service = CompletionService(engine, config.server.served_model_name, observation_of(request))
     plan = await service.plan(body, new_request_id("cmpl"))
     return await respond(
@@ -30,6 +42,7 @@ async def create_completion(
         plan.request_id,
         body.stream,
         timeout_for(config, body.timeout),
+        Admission(plan.engine_sequences, plan.prompt_tokens),
         lambda: service.stream(plan),
         lambda: service.complete(plan),
     )

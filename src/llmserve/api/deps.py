@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from llmserve.api.admission import AdmissionController
 from llmserve.config import Config
 from llmserve.engine.base import EngineClient
 from llmserve.runtime import EngineRuntime
@@ -25,6 +26,12 @@ def get_engine(runtime: Annotated[EngineRuntime, Depends(get_runtime)]) -> Engin
     return runtime.engine()
 
 
+def get_admission(request: Request) -> AdmissionController:
+    admission: AdmissionController = request.app.state.admission
+    return admission
+
+
 ConfigDep = Annotated[Config, Depends(get_config)]
+AdmissionDep = Annotated[AdmissionController, Depends(get_admission)]
 RuntimeDep = Annotated[EngineRuntime, Depends(get_runtime)]
 EngineDep = Annotated[EngineClient, Depends(get_engine)]

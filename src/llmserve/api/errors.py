@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llmserve.api.admission import OverloadedError
 from llmserve.api.observability import observation_of
 from llmserve.engine.base import (
     EngineDeadError,
@@ -86,6 +87,14 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(str(exc), code="invalid_value", param=exc.param)
     if isinstance(exc, InvalidRequestError):
         return APIError(str(exc), code="invalid_value", param=exc.param)
+    if isinstance(exc, OverloadedError):
+        return APIError(
+            str(exc),
+            status_code=429,
+            error_type="rate_limit_error",
+            code="overloaded",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
     if isinstance(exc, DrainingError):
         return service_unavailable("The server is shutting down; retry on another instance.", "draining", 1)
     if isinstance(exc, EngineNotReadyError):
@@ -129,7 +138,7 @@ def _is_type_tag(part: str) -> bool:
 
 
 # Errors that are refusals for load or policy are also counted as rejections, by reason.
-REJECTION_REASON_OF_CODE = {TOO_LARGE_CODE: "too_large", "draining": "draining"}
+REJECTION_REASON_OF_CODE = {TOO_LARGE_CODE: "too_large", "draining": "draining", "overloaded": "overloaded"}
 
 
 def _answer(request: Request, error: APIError) -> Response:
@@ -163,7 +172,7 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
-    for expected in (APIError, EngineError, ValueError):
+    for expected in (APIError, EngineError, ValueError, OverloadedError):
         app.add_exception_handler(expected, _api_error_handler)
     # Anything else is a bug: a generic 500 body, never the exception text.
     app.add_exception_handler(Exception, _api_error_handler)

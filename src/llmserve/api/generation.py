@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
+from llmserve.api.admission import AdmissionController
 from llmserve.api.disconnect import ClientDisconnectedError, cancel_on_disconnect
 from llmserve.api.errors import APIError, model_not_found, service_unavailable, to_api_error
 from llmserve.api.observability import observation_of
 from llmserve.config import Config
-from llmserve.deadlines import DeadlineBook, ExpiryReason
+from llmserve.deadlines import DeadlineBook, ExpiryReason, RequestDeadline
 from llmserve.metrics import RequestObservation
 from llmserve.protocol.common import ErrorResponse
 from llmserve.serving.streaming import DONE_EVENT, sse_event
@@ -26,7 +29,7 @@ logger = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"
 CLIENT_CLOSED_REQUEST = 499
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 500, 503, 504)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503, 504)
 }
 
 
@@ -67,32 +70,53 @@ def _note_expiry(observation: RequestObservation | None, reason: ExpiryReason) -
         observation.on_rejected(reason)
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What a planned request costs the engine, for the admission controller."""
+
+    sequences: int
+    prompt_tokens: int
+
+
 async def respond(
     request: Request,
     request_id: str,
     stream: bool,
     timeout_s: float,
+    admission: Admission,
     streamer: Callable[[], AsyncIterator[bytes]],
     completer: Callable[[], Coroutine[Any, Any, BaseModel]],
 ) -> Response:
     headers = response_headers(request, request_id)
     observation = observation_of(request)
+    controller: AdmissionController = request.app.state.admission
     deadlines: DeadlineBook = request.app.state.runtime.deadlines
+    queued_at = time.perf_counter()
+    try:
+        await cancel_on_disconnect(
+            asyncio.create_task(controller.admit(admission.sequences, admission.prompt_tokens)), request
+        )
+    except ClientDisconnectedError:
+        return _client_left(request_id, observation)
+    if observation is not None:
+        observation.on_admitted(time.perf_counter() - queued_at)
     if stream:
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        producer = asyncio.create_task(_produce(streamer, queue, controller, admission.sequences))
+        deadline = deadlines.start(producer, timeout_s)
         return StreamingResponse(
-            _guarded_stream(streamer, request_id, observation, deadlines, timeout_s),
+            _relay(queue, producer, deadline, request_id, observation),
             media_type="text/event-stream",
             headers=headers,
         )
+    completed = False
     work: asyncio.Task[BaseModel] = asyncio.create_task(completer())
     deadline = deadlines.start(work, timeout_s)
     try:
         body = await cancel_on_disconnect(work, request)
+        completed = True
     except ClientDisconnectedError:
-        logger.info("request %s: client disconnected, generation aborted", request_id)
-        if observation is not None:
-            observation.on_rejected("client_disconnected")
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return _client_left(request_id, observation)
     except asyncio.CancelledError:
         if deadline.expired is None:
             raise
@@ -101,27 +125,42 @@ async def respond(
         raise expiry_error(deadline.expired) from None
     finally:
         deadline.release()
+        controller.release(admission.sequences, completed=completed)
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)
 
 
-async def _guarded_stream(
+def _client_left(request_id: str, observation: RequestObservation | None) -> Response:
+    logger.info("request %s: client disconnected, generation aborted", request_id)
+    if observation is not None:
+        observation.on_rejected("client_disconnected")
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _produce(
     streamer: Callable[[], AsyncIterator[bytes]],
-    request_id: str,
-    observation: RequestObservation | None,
-    deadlines: DeadlineBook,
-    timeout_s: float,
-) -> AsyncIterator[bytes]:
-    """Relay the stream from a task of its own, so a deadline can stop the work and still answer.
-
-    Once a stream has started its status is sent: errors travel as an SSE error event + [DONE]."""
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def produce() -> None:
+    queue: asyncio.Queue[bytes],
+    controller: AdmissionController,
+    sequences: int,
+) -> None:
+    """Runs the stream as a task of its own, which holds the admission slot until it ends."""
+    completed = False
+    try:
         async for chunk in streamer():
             await queue.put(chunk)
+        completed = True
+    finally:
+        controller.release(sequences, completed=completed)
 
-    producer = asyncio.create_task(produce())
-    deadline = deadlines.start(producer, timeout_s)
+
+async def _relay(
+    queue: asyncio.Queue[bytes],
+    producer: asyncio.Task[None],
+    deadline: RequestDeadline,
+    request_id: str,
+    observation: RequestObservation | None,
+) -> AsyncIterator[bytes]:
+    """Relay the producer's chunks. A deadline can stop the work and the client still gets an answer:
+    once a stream has started its status is sent, so errors travel as an SSE error event + [DONE]."""
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())

@@ -37,6 +37,14 @@ class PlannedChat:
     created: int
     prompt: PlannedPrompt
 
+    @property
+    def engine_sequences(self) -> int:
+        return self.prompt.sampling.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt.prompt.token_ids)
+
 
 class ChatService(GenerationService):
     async def plan(self, request: ChatCompletionRequest, request_id: str) -> PlannedChat:

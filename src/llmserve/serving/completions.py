@@ -24,7 +24,9 @@ from llmserve.serving.generation import (
     GenerationService,
     PlannedPrompt,
     collect_choices,
+    engine_sequences,
     fit_max_tokens,
+    prompt_tokens,
     run_generations,
     usage_of,
 )
@@ -58,6 +60,14 @@ class PlannedCompletion:
 
     def prompt_of_choice(self, choice_index: int) -> int:
         return choice_index // self.request.n
+
+    @property
+    def engine_sequences(self) -> int:
+        return engine_sequences(self.prompts)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return prompt_tokens(self.prompts)
 
 
 class CompletionService(GenerationService):

@@ -54,6 +54,14 @@ class PlannedPrompt:
     sampling: SamplingSpec
 
 
+def engine_sequences(planned: Sequence[PlannedPrompt]) -> int:
+    return sum(item.sampling.n for item in planned)
+
+
+def prompt_tokens(planned: Sequence[PlannedPrompt]) -> int:
+    return sum(len(item.prompt.token_ids) for item in planned)
+
+
 def fit_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, param: str) -> int:
     """The completion budget: as requested, or the rest of the context window (as OpenAI does)."""
     max_tokens = requested if requested is not None else max(max_model_len - prompt_len, 1)
