@@ -39,6 +39,13 @@ class ServerConfig(_Section):
     max_request_body_bytes: int = Field(
         default=1 << 20, ge=1024, description="Larger request bodies are refused with 413."
     )
+    readiness_probe_ttl_s: float = Field(
+        default=5.0, ge=0, description="How long a successful one-token readiness probe is trusted."
+    )
+    readiness_probe_timeout_s: float = Field(default=30.0, gt=0)
+    engine_hang_timeout_s: float = Field(
+        default=120.0, gt=0, description="A probe stuck this long means the engine hangs: exit non-zero."
+    )
     request_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest a request may run; a request may ask for less."
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 EngineStarter = Callable[[Config], AbstractAsyncContextManager[EngineClient]]
 WARMUP_PROMPT = "Hello"
+WATCHDOG_INTERVAL_S = 1.0
 
 
 class EngineNotReadyError(EngineError):
@@ -42,6 +44,9 @@ class EngineRuntime:
         self.ready_after_s: float | None = None
         self.deadlines = DeadlineBook()
         self.draining = False
+        self._probe: asyncio.Task[bool] | None = None
+        self._probed_ok_at = -math.inf
+        self._probes_failing_since: float | None = None
 
     @property
     def is_ready(self) -> bool:
@@ -68,6 +73,50 @@ class EngineRuntime:
             "draining: %d request(s) in flight get up to %.0f s to finish", len(self.deadlines), timeout_s
         )
 
+    async def probe(self) -> bool:
+        """Readiness: the engine generated a token within the last `readiness_probe_ttl_s`.
+
+        Concurrent callers share one probe; a probe that fails or times out means not ready."""
+        if not self.is_ready:
+            return False
+        server = self._config.server
+        if time.monotonic() - self._probed_ok_at < server.readiness_probe_ttl_s:
+            return True
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._run_probe(self.engine()))
+        return await asyncio.shield(self._probe)
+
+    async def _run_probe(self, engine: EngineClient) -> bool:
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._config.server.readiness_probe_timeout_s):
+                await warm_up(engine)
+        except (TimeoutError, EngineError):
+            logger.warning("readiness probe: the engine did not generate a token in time")
+            if self._probes_failing_since is None:
+                self._probes_failing_since = started
+            return False
+        self._probes_failing_since = None
+        self._probed_ok_at = time.monotonic()
+        return True
+
+    def _engine_is_stuck(self) -> bool:
+        """Readiness probes have failed without a success for engine_hang_timeout_s."""
+        since = self._probes_failing_since
+        return since is not None and time.monotonic() - since > self._config.server.engine_hang_timeout_s
+
+    async def _watch(self, engine: EngineClient) -> None:
+        """A dead or hung engine ends the process with a non-zero exit, so a supervisor restarts it."""
+        while not self._stop_requested.is_set():
+            if engine.is_dead or self._engine_is_stuck():
+                logger.error(
+                    "the inference engine %s; the server will exit", "died" if engine.is_dead else "hangs"
+                )
+                self.exit_code = 1
+                self._on_fatal()
+                return
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+
     @property
     def drained(self) -> bool:
         return self.draining and len(self.deadlines) == 0
@@ -87,7 +136,9 @@ class EngineRuntime:
                 if self._stop_requested.is_set():
                     return
                 await warm_up(engine)
+                self._probed_ok_at = time.monotonic()
                 self._engine = engine
+                watchdog = asyncio.create_task(self._watch(engine))
                 self.ready_after_s = time.monotonic() - started
                 server = self._config.server
                 logger.info(
@@ -98,6 +149,7 @@ class EngineRuntime:
                     self.ready_after_s,
                 )
                 await self._stop_requested.wait()
+                watchdog.cancel()
                 self._engine = None
         except Exception:
             logger.exception("the inference engine failed; the server will exit")

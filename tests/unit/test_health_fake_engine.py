@@ -10,9 +10,9 @@ from contextlib import asynccontextmanager
 from fastapi.testclient import TestClient
 
 from llmserve.app import create_app
-from llmserve.config import Config, load_config
+from llmserve.config import Config, load_config, parse_overrides
 from llmserve.engine.base import EngineClient
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, fake_starter
 from tests.unit.conftest import MODEL
 
 
@@ -65,3 +65,46 @@ def test_engine_that_fails_to_start_asks_the_process_to_exit_nonzero() -> None:
         assert fatal_calls == [True]
         assert client.get("/health").status_code == 503
         assert app.state.runtime.exit_code == 1
+
+
+def test_readiness_probe_generates_a_token_and_is_cached(fake_engine: FakeEngine) -> None:
+    from tests.unit.conftest import make_client
+
+    with make_client(engine=fake_engine) as client:
+        probes_at_start = fake_engine.started.count("llmserve-warmup")
+        for _ in range(5):
+            assert client.get("/ready").status_code == 200
+        assert fake_engine.started.count("llmserve-warmup") == probes_at_start, "cached within the TTL"
+    with make_client(parse_overrides(["server.readiness_probe_ttl_s=0"]), engine=fake_engine) as client:
+        before = fake_engine.started.count("llmserve-warmup")
+        client.get("/ready")
+        client.get("/ready")
+        assert fake_engine.started.count("llmserve-warmup") == before + 2, "TTL 0: every probe generates"
+
+
+def test_an_engine_that_stops_generating_is_not_ready() -> None:
+    from tests.unit.conftest import make_client
+
+    engine = FakeEngine()
+    with make_client(
+        parse_overrides(["server.readiness_probe_ttl_s=0", "server.readiness_probe_timeout_s=0.1"]),
+        engine=engine,
+    ) as client:
+        engine.token_delay_s = 1.0
+        assert client.get("/ready").status_code == 503
+        assert client.get("/health").status_code == 200, "slow is not dead (yet)"
+
+
+def test_an_engine_that_dies_ends_the_process_with_exit_code_1() -> None:
+    engine, fatal = FakeEngine(), []
+    app = create_app(load_config(), engine_starter=fake_starter(engine), on_fatal=lambda: fatal.append(1))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        while client.get("/ready").status_code != 200:
+            time.sleep(0.01)
+        engine.dead = True
+        deadline = time.monotonic() + 5
+        while not fatal and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fatal == [1]
+        assert app.state.runtime.exit_code == 1
+        assert client.get("/health").status_code == 503

@@ -19,9 +19,9 @@ async def health(runtime: RuntimeDep) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/ready", summary="The engine has generated a token and accepts requests")
+@router.get("/ready", summary="The engine generated a token in the last few seconds and accepts requests")
 async def ready(runtime: RuntimeDep) -> Response:
-    if not runtime.is_ready:
+    if not await runtime.probe():
         error = service_unavailable("The inference engine is not ready yet.", "engine_not_ready", 5)
         return error.to_response()
     return JSONResponse({"status": "ready"})

@@ -1,0 +1,108 @@
+"""Overload and engine death against a dedicated real server with small admission limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from loadtest.prom import bucket_deltas
+
+from tests.integration.conftest import MODEL, READY_TIMEOUT_S
+from tests.integration.server_process import ServerProcess, start_server
+
+QUEUE_TIMEOUT_S = 4
+LIMITS = [
+    "admission.max_in_flight=4",
+    "admission.max_waiting=4",
+    f"admission.queue_timeout_s={QUEUE_TIMEOUT_S}",
+]
+
+
+@pytest.fixture(scope="module")
+def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of its own, with room for 4 running and 4 waiting requests; the last test kills its engine."""
+    log = Path(tmp_path_factory.mktemp("limited")) / "server.log"
+    args = [arg for limit in LIMITS for arg in ("--set", limit)]
+    process = start_server(log, *args)
+    try:
+        process.wait_ready(READY_TIMEOUT_S)
+        yield process
+    finally:
+        process.stop()
+
+
+def tree_rss_mb(pid: int) -> float:
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+
+
+def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_deadline(
+    limited_server: ServerProcess,
+) -> None:
+    base = limited_server.base_url
+    rss_before = tree_rss_mb(limited_server.process.pid)
+    before = limited_server.scrape()
+
+    async def one(client: httpx.AsyncClient, index: int) -> tuple[httpx.Response, float]:
+        started = time.perf_counter()
+        body = {"model": MODEL, "prompt": f"Count: {index},", "max_tokens": 16, "ignore_eos": True}
+        response = await client.post("/v1/completions", json=body)
+        return response, time.perf_counter() - started
+
+    async def burst() -> list[tuple[httpx.Response, float]]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(40)))
+
+    results = asyncio.run(burst())
+    admitted = [(r, t) for r, t in results if r.status_code == 200]
+    refused = [(r, t) for r, t in results if r.status_code == 429]
+    assert len(admitted) + len(refused) == 40, [r.status_code for r, _ in results]
+    assert len(admitted) >= 8, "the 4 running and 4 waiting places were used"
+    assert refused, "several times the capacity must be refused"
+    for response, _ in refused:
+        assert response.json()["error"]["code"] == "overloaded"
+        assert int(response.headers["retry-after"]) >= 1
+    assert max(t for _, t in refused) < 1.0, "a rejection is answered at once"
+    after = limited_server.scrape()
+    waits = bucket_deltas(after, before, "llmserve_queue_wait_seconds")
+    within = dict(waits)[float(QUEUE_TIMEOUT_S + 1)]
+    assert within == dict(waits)[float("inf")] == len(admitted), (
+        "no admitted request waited past its deadline"
+    )
+    assert httpx.get(f"{base}/health").status_code == 200
+    assert (
+        httpx.post(
+            f"{base}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        ).status_code
+        == 200
+    )
+    assert tree_rss_mb(limited_server.process.pid) - rss_before < 500, "memory stays bounded"
+
+
+def test_killed_engine_fails_in_flight_work_turns_health_503_and_exits_nonzero(
+    limited_server: ServerProcess,
+) -> None:
+    events: list[str] = []
+    body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{limited_server.base_url}/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        events.append(next(line for line in lines if line))
+        engine_core = next(
+            p
+            for p in psutil.Process(limited_server.process.pid).children(recursive=True)
+            if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()
+        )
+        engine_core.send_signal(signal.SIGKILL)
+        events.extend(line for line in lines if line)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "engine_dead"
+    code = limited_server.process.wait(timeout=60)
+    assert code != 0, "a supervisor must see the failure and restart the server"
