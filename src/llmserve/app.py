@@ -16,6 +16,7 @@ from llmserve.api.auth import ApiKeyRequired, KeyRing
 from llmserve.api.body_limit import BodySizeLimitMiddleware
 from llmserve.api.errors import install_error_handlers
 from llmserve.api.observability import MetricsMiddleware
+from llmserve.api.rate_limits import RateLimiter
 from llmserve.config import Config
 from llmserve.engine import start_engine
 from llmserve.metrics import GatewayMetrics
@@ -57,6 +58,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
     app.state.keys = KeyRing.from_config(config.auth)
     app.state.admission = AdmissionController(config.admission)
+    app.state.rate_limiter = RateLimiter(config.auth)
     gateway_metrics.watch_admission(lambda: app.state.admission.waiting)
     install_error_handlers(app)
     for module in (completions, chat, models):

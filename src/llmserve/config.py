@@ -62,6 +62,9 @@ class AdmissionConfig(_Section):
     max_waiting: int = Field(default=256, ge=0, description="Requests waiting for a slot.")
     max_waiting_prompt_tokens: int = Field(default=262_144, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest a request may wait.")
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=1, description="Longer prompts get 400 prompt_too_long (unset: the context)."
+    )
     shed_by_estimate: bool = Field(
         default=True, description="Refuse at once a request whose estimated wait exceeds queue_timeout_s."
     )
@@ -77,6 +80,10 @@ class AuthConfig(_Section):
         default=None, description="One key (or `sha256:<hex digest>`) per line; # starts a comment."
     )
     protect_metrics: bool = False
+    requests_per_minute: int | None = Field(default=None, ge=1, description="Per key; unset: no limit.")
+    tokens_per_minute: int | None = Field(
+        default=None, ge=1, description="Per key, prompt + max_tokens reserved, refunded to actual use."
+    )
 
     @property
     def enabled(self) -> bool:

@@ -312,3 +312,19 @@ def test_streamed_logprobs_continue_the_text_offsets(client: TestClient) -> None
     payloads = sse_payloads(complete(client, prompt="a", max_tokens=3, logprobs=1, stream=True).text)
     offsets = [json.loads(p)["choices"][0]["logprobs"]["text_offset"] for p in payloads[:-1]]
     assert offsets == [[0], [3], [6]]
+
+
+def test_prompts_over_the_configured_limit_are_400_prompt_too_long() -> None:
+    from llmserve.config import parse_overrides
+    from tests.unit.conftest import make_client
+
+    with make_client(parse_overrides(["admission.max_prompt_tokens=3"])) as client:
+        error = assert_openai_error(
+            complete(client, prompt="a b c d", max_tokens=1), 400, code="prompt_too_long", param="prompt"
+        )
+        assert "4 tokens" in error["message"]
+        assert "at most 3" in error["message"]
+        messages = [{"role": "user", "content": "a b c d"}]
+        response = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+        assert_openai_error(response, 400, code="prompt_too_long", param="messages")
+        assert complete(client, prompt="a b c", max_tokens=1).status_code == 200

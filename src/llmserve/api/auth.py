@@ -36,11 +36,12 @@ class KeyRing:
             raise ConfigError("auth is configured but no API key was given")
         return cls(digests)
 
-    def accepts(self, key: str) -> bool:
+    def identify(self, key: str) -> str | None:
+        """The key's identity (a digest prefix, safe to log and to key limits by), if accepted."""
         candidate = digest(key)
         # Compare against every key, in constant time each, so timing says nothing about which.
         matches = [hmac.compare_digest(candidate, known) for known in self._digests]
-        return any(matches)
+        return candidate.hex()[:16] if any(matches) else None
 
 
 def read_key_file(path: Path) -> list[bytes]:
@@ -79,8 +80,15 @@ def require_api_key(
     if not authorization:
         raise unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
     scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip() or not keys.accepts(key.strip()):
+    key_id = keys.identify(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+    if key_id is None:
         raise unauthorized("Incorrect API key provided.")
+    request.state.api_key_id = key_id
+
+
+def api_key_id(request: Request) -> str | None:
+    key_id: str | None = getattr(request.state, "api_key_id", None)
+    return key_id
 
 
 ApiKeyRequired = Depends(require_api_key)

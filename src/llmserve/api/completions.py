@@ -5,13 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from llmserve.api.deps import AdmissionDep, ConfigDep, EngineDep
+from llmserve.api.deps import AdmissionDep, ConfigDep, EngineDep, RateLimiterDep
 from llmserve.api.generation import (
     ERROR_RESPONSES,
-    Admission,
     check_model,
     new_request_id,
+    reserve,
     respond,
+    take_request,
     timeout_for,
 )
 from llmserve.api.observability import observation_of
@@ -32,17 +33,24 @@ async def create_completion(
     config: ConfigDep,
     engine: EngineDep,
     admission: AdmissionDep,
+    limiter: RateLimiterDep,
 ) -> Response:
     check_model(config, body.model)
+    take_request(request, limiter)
     admission.check_fast()
-    service = CompletionService(engine, config.server.served_model_name, observation_of(request))
+    service = CompletionService(
+        engine,
+        config.server.served_model_name,
+        observation_of(request),
+        max_prompt_tokens=config.admission.max_prompt_tokens,
+    )
     plan = await service.plan(body, new_request_id("cmpl"))
     return await respond(
         request,
         plan.request_id,
         body.stream,
         timeout_for(config, body.timeout),
-        Admission(plan.engine_sequences, plan.prompt_tokens),
+        reserve(request, limiter, plan.engine_sequences, plan.prompt_tokens, plan.max_new_tokens),
         lambda: service.stream(plan),
         lambda: service.complete(plan),
     )

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from llmserve.api.admission import AdmissionController
+from llmserve.api.rate_limits import RateLimiter
 from llmserve.config import Config
 from llmserve.engine.base import EngineClient
 from llmserve.runtime import EngineRuntime
@@ -31,7 +32,13 @@ def get_admission(request: Request) -> AdmissionController:
     return admission
 
 
+def get_rate_limiter(request: Request) -> RateLimiter:
+    limiter: RateLimiter = request.app.state.rate_limiter
+    return limiter
+
+
 ConfigDep = Annotated[Config, Depends(get_config)]
+RateLimiterDep = Annotated[RateLimiter, Depends(get_rate_limiter)]
 AdmissionDep = Annotated[AdmissionController, Depends(get_admission)]
 RuntimeDep = Annotated[EngineRuntime, Depends(get_runtime)]
 EngineDep = Annotated[EngineClient, Depends(get_engine)]

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmserve.api.admission import OverloadedError
 from llmserve.api.observability import observation_of
+from llmserve.api.rate_limits import RateLimitedError
 from llmserve.engine.base import (
     EngineDeadError,
     EngineError,
@@ -22,6 +23,7 @@ from llmserve.engine.base import (
 from llmserve.protocol.common import ErrorInfo, ErrorResponse
 from llmserve.protocol.sampling import InvalidParameterError, UnsupportedParameterError
 from llmserve.runtime import DrainingError, EngineNotReadyError
+from llmserve.serving.generation import PromptOverLimitError
 
 logger = logging.getLogger(__name__)
 TOO_LARGE_CODE = "request_too_large"
@@ -85,8 +87,18 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(str(exc), code="unsupported_parameter", param=exc.param)
     if isinstance(exc, InvalidParameterError):
         return APIError(str(exc), code="invalid_value", param=exc.param)
+    if isinstance(exc, PromptOverLimitError):
+        return APIError(str(exc), code="prompt_too_long", param=exc.param)
     if isinstance(exc, InvalidRequestError):
         return APIError(str(exc), code="invalid_value", param=exc.param)
+    if isinstance(exc, RateLimitedError):
+        return APIError(
+            str(exc),
+            status_code=429,
+            error_type=exc.kind,
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(exc.retry_after_s), **exc.headers},
+        )
     if isinstance(exc, OverloadedError):
         return APIError(
             str(exc),
@@ -138,7 +150,12 @@ def _is_type_tag(part: str) -> bool:
 
 
 # Errors that are refusals for load or policy are also counted as rejections, by reason.
-REJECTION_REASON_OF_CODE = {TOO_LARGE_CODE: "too_large", "draining": "draining", "overloaded": "overloaded"}
+REJECTION_REASON_OF_CODE = {
+    TOO_LARGE_CODE: "too_large",
+    "draining": "draining",
+    "overloaded": "overloaded",
+    "rate_limit_exceeded": "rate_limited",
+}
 
 
 def _answer(request: Request, error: APIError) -> Response:
@@ -172,7 +189,7 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
-    for expected in (APIError, EngineError, ValueError, OverloadedError):
+    for expected in (APIError, EngineError, ValueError, OverloadedError, RateLimitedError):
         app.add_exception_handler(expected, _api_error_handler)
     # Anything else is a bug: a generic 500 body, never the exception text.
     app.add_exception_handler(Exception, _api_error_handler)

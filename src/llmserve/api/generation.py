@@ -15,9 +15,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from llmserve.api.admission import AdmissionController
+from llmserve.api.auth import api_key_id
 from llmserve.api.disconnect import ClientDisconnectedError, cancel_on_disconnect
 from llmserve.api.errors import APIError, model_not_found, service_unavailable, to_api_error
 from llmserve.api.observability import observation_of
+from llmserve.api.rate_limits import RateLimiter, TokenReservation
 from llmserve.config import Config
 from llmserve.deadlines import DeadlineBook, ExpiryReason, RequestDeadline
 from llmserve.metrics import RequestObservation
@@ -72,10 +74,41 @@ def _note_expiry(observation: RequestObservation | None, reason: ExpiryReason) -
 
 @dataclass(frozen=True)
 class Admission:
-    """What a planned request costs the engine, for the admission controller."""
+    """What a planned request costs: engine sequences to admit, tokens reserved against its key."""
 
     sequences: int
     prompt_tokens: int
+    reservation: TokenReservation | None = None
+
+    def refund(self) -> None:
+        """The request was refused before any work: it uses nothing."""
+        if self.reservation is not None:
+            self.reservation.settle(0)
+
+    def settle(self, observation: RequestObservation | None) -> None:
+        if self.reservation is not None:
+            generated = observation.generated_tokens if observation is not None else 0
+            self.reservation.settle(self.prompt_tokens + generated)
+
+    def rate_limit_headers(self) -> dict[str, str]:
+        return self.reservation.limits.headers() if self.reservation is not None else {}
+
+
+def reserve(
+    request: Request, limiter: RateLimiter, sequences: int, prompt_tokens: int, max_new_tokens: int
+) -> Admission:
+    """Reserve prompt + max_tokens against the caller's key (when keys and token limits are on)."""
+    key_id = api_key_id(request)
+    reservation = None
+    if key_id is not None and limiter.enabled:
+        reservation = limiter.reserve_tokens(key_id, prompt_tokens + max_new_tokens)
+    return Admission(sequences, prompt_tokens, reservation)
+
+
+def take_request(request: Request, limiter: RateLimiter) -> None:
+    key_id = api_key_id(request)
+    if key_id is not None and limiter.enabled:
+        limiter.take_request(key_id)
 
 
 async def respond(
@@ -87,7 +120,7 @@ async def respond(
     streamer: Callable[[], AsyncIterator[bytes]],
     completer: Callable[[], Coroutine[Any, Any, BaseModel]],
 ) -> Response:
-    headers = response_headers(request, request_id)
+    headers = {**response_headers(request, request_id), **admission.rate_limit_headers()}
     observation = observation_of(request)
     controller: AdmissionController = request.app.state.admission
     deadlines: DeadlineBook = request.app.state.runtime.deadlines
@@ -97,12 +130,16 @@ async def respond(
             asyncio.create_task(controller.admit(admission.sequences, admission.prompt_tokens)), request
         )
     except ClientDisconnectedError:
+        admission.refund()
         return _client_left(request_id, observation)
+    except BaseException:
+        admission.refund()
+        raise
     if observation is not None:
         observation.on_admitted(time.perf_counter() - queued_at)
     if stream:
         queue: asyncio.Queue[bytes] = asyncio.Queue()
-        producer = asyncio.create_task(_produce(streamer, queue, controller, admission.sequences))
+        producer = asyncio.create_task(_produce(streamer, queue, controller, admission, observation))
         deadline = deadlines.start(producer, timeout_s)
         return StreamingResponse(
             _relay(queue, producer, deadline, request_id, observation),
@@ -126,6 +163,7 @@ async def respond(
     finally:
         deadline.release()
         controller.release(admission.sequences, completed=completed)
+        admission.settle(observation)
     return Response(body.model_dump_json(), media_type="application/json", headers=headers)
 
 
@@ -140,7 +178,8 @@ async def _produce(
     streamer: Callable[[], AsyncIterator[bytes]],
     queue: asyncio.Queue[bytes],
     controller: AdmissionController,
-    sequences: int,
+    admission: Admission,
+    observation: RequestObservation | None,
 ) -> None:
     """Runs the stream as a task of its own, which holds the admission slot until it ends."""
     completed = False
@@ -149,7 +188,8 @@ async def _produce(
             await queue.put(chunk)
         completed = True
     finally:
-        controller.release(sequences, completed=completed)
+        controller.release(admission.sequences, completed=completed)
+        admission.settle(observation)
 
 
 async def _relay(

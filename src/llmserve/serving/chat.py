@@ -45,6 +45,10 @@ class PlannedChat:
     def prompt_tokens(self) -> int:
         return len(self.prompt.prompt.token_ids)
 
+    @property
+    def max_new_tokens(self) -> int:
+        return self.prompt.sampling.max_tokens * self.prompt.sampling.n
+
 
 class ChatService(GenerationService):
     async def plan(self, request: ChatCompletionRequest, request_id: str) -> PlannedChat:
@@ -59,7 +63,11 @@ class ChatService(GenerationService):
             continue_final_message=request.continue_final_message,
         )
         max_tokens = fit_max_tokens(
-            len(prompt.token_ids), request.requested_max_tokens(), info.max_model_len, "messages"
+            len(prompt.token_ids),
+            request.requested_max_tokens(),
+            info.max_model_len,
+            "messages",
+            self._max_prompt_tokens,
         )
         planned = PlannedPrompt(prompt, request.to_sampling_spec(max_tokens))
         return PlannedChat(request, request_id, unix_time(), planned)

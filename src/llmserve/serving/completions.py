@@ -69,6 +69,10 @@ class PlannedCompletion:
     def prompt_tokens(self) -> int:
         return prompt_tokens(self.prompts)
 
+    @property
+    def max_new_tokens(self) -> int:
+        return sum(item.sampling.max_tokens * item.sampling.n for item in self.prompts)
+
 
 class CompletionService(GenerationService):
     async def plan(self, request: CompletionRequest, request_id: str) -> PlannedCompletion:
@@ -81,7 +85,11 @@ class CompletionService(GenerationService):
         for prompt_input in _split_prompts(request.prompt):
             prompt = await self._tokenize(prompt_input)
             max_tokens = fit_max_tokens(
-                len(prompt.token_ids), request.requested_max_tokens(), info.max_model_len, "prompt"
+                len(prompt.token_ids),
+                request.requested_max_tokens(),
+                info.max_model_len,
+                "prompt",
+                self._max_prompt_tokens,
             )
             prompt_logprobs = request.logprobs if request.echo and request.logprobs is not None else None
             sampling = request.to_sampling_spec(max_tokens, prompt_logprobs=prompt_logprobs)

@@ -9,6 +9,7 @@ from typing import Protocol
 from llmserve.engine.base import (
     EngineClient,
     GenerationDelta,
+    InvalidRequestError,
     PositionLogprobs,
     PromptTooLongError,
     SamplingSpec,
@@ -42,10 +43,12 @@ class GenerationService:
         engine: EngineClient,
         served_model_name: str,
         observer: GenerationObserver | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         self._engine = engine
         self._model_name = served_model_name
         self._observer = observer or NoObserver()
+        self._max_prompt_tokens = max_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +65,19 @@ def prompt_tokens(planned: Sequence[PlannedPrompt]) -> int:
     return sum(len(item.prompt.token_ids) for item in planned)
 
 
-def fit_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, param: str) -> int:
+class PromptOverLimitError(InvalidRequestError):
+    def __init__(self, prompt_len: int, limit: int, param: str) -> None:
+        super().__init__(
+            f"The prompt has {prompt_len} tokens; this server accepts at most {limit}.", param=param
+        )
+
+
+def fit_max_tokens(
+    prompt_len: int, requested: int | None, max_model_len: int, param: str, max_prompt_tokens: int | None
+) -> int:
     """The completion budget: as requested, or the rest of the context window (as OpenAI does)."""
+    if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
+        raise PromptOverLimitError(prompt_len, max_prompt_tokens, param)
     max_tokens = requested if requested is not None else max(max_model_len - prompt_len, 1)
     if prompt_len + max_tokens > max_model_len:
         raise PromptTooLongError(prompt_len, max_tokens, max_model_len, param=param)
