@@ -14,13 +14,14 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics
+.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
 	@echo "make test    set up what is missing, run the whole test suite"
 	@echo "make lint    ruff + mypy (strict)"
 	@echo "make dashboard-png   (server running) key dashboard panels as a PNG + /metrics scrape cost"
+	@echo "make bench-overload  the same overload with shedding on and off, side by side"
 
 $(VENV_STAMP): $(VENV_INPUTS)
 	scripts/setup-venv.sh $(VENV)
@@ -59,6 +60,10 @@ dashboard-png: venv
 	$(PY) -m loadtest.dashboard_png --url $(URL) --duration 60 --load 16 --out results/dashboard.png
 
 bench-metrics: dashboard-png
+
+# Starts its own servers: the same Poisson overload with admission control on and off.
+bench-overload: model
+	$(PY) -m loadtest.overload_bench --rate 8 --duration 30 --out results/overload.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

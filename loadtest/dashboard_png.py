@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from loadtest.prom import Scrape, bucket_deltas, delta, histogram_quantile
+from loadtest.workload import seeded_prompt
 
 SLO_S = 0.2
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -50,24 +51,8 @@ async def scrape_loop(client: httpx.AsyncClient, duration_s: float, interval_s: 
 
 async def load_worker(client: httpx.AsyncClient, model: str, seed: int, stop_at: float) -> None:
     rng = random.Random(seed)
-    words = [
-        "the",
-        "quick",
-        "brown",
-        "fox",
-        "jumps",
-        "over",
-        "a",
-        "lazy",
-        "dog",
-        "while",
-        "seven",
-        "curious",
-        "cats",
-        "watch",
-    ]
     while time.monotonic() < stop_at:
-        prompt = " ".join(rng.choices(words, k=rng.randint(4, 40)))
+        prompt = seeded_prompt(rng, 4, 40)
         max_tokens = rng.randint(4, 48)
         kind = rng.random()
         try:

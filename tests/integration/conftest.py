@@ -7,8 +7,7 @@ from pathlib import Path
 
 import openai
 import pytest
-
-from tests.integration.server_process import ServerProcess, start_server
+from loadtest.server_process import ServerProcess, start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 READY_TIMEOUT_S = 300

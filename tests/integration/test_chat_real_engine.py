@@ -8,9 +8,9 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from loadtest.server_process import ServerProcess
 
 from tests.integration.conftest import MODEL
-from tests.integration.server_process import ServerProcess
 
 GREEDY = {"temperature": 0.0}
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]

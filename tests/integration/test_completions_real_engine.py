@@ -9,9 +9,9 @@ import time
 import httpx
 import openai
 import pytest
+from loadtest.server_process import REPO, ServerProcess
 
 from tests.integration.conftest import MODEL
-from tests.integration.server_process import REPO, ServerProcess
 
 GREEDY = {"temperature": 0.0}
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from loadtest.server_process import ServerProcess, start_server
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S
-from tests.integration.server_process import ServerProcess, start_server
 from tests.integration.test_metrics_real_engine import wait_idle
 
 LONG = {"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}

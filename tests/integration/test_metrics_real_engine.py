@@ -7,9 +7,9 @@ import time
 import httpx
 import openai
 from loadtest.prom import delta
+from loadtest.server_process import ServerProcess
 
 from tests.integration.conftest import MODEL
-from tests.integration.server_process import ServerProcess
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -13,9 +13,9 @@ import httpx
 import psutil
 import pytest
 from loadtest.prom import bucket_deltas
+from loadtest.server_process import ServerProcess, start_server
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S
-from tests.integration.server_process import ServerProcess, start_server
 
 QUEUE_TIMEOUT_S = 4
 LIMITS = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from loadtest.server_process import REPO, ServerProcess
 
 from tests.integration.conftest import MODEL
-from tests.integration.server_process import REPO, ServerProcess
 
 GREEDY = {"temperature": 0.0}
 PROMPT = "The capital of France is"

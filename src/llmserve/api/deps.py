@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from llmserve.api.admission import AdmissionController
+from llmserve.api.generation import Gateway
 from llmserve.api.rate_limits import RateLimiter
 from llmserve.config import Config
 from llmserve.engine.base import EngineClient
@@ -42,3 +43,12 @@ RateLimiterDep = Annotated[RateLimiter, Depends(get_rate_limiter)]
 AdmissionDep = Annotated[AdmissionController, Depends(get_admission)]
 RuntimeDep = Annotated[EngineRuntime, Depends(get_runtime)]
 EngineDep = Annotated[EngineClient, Depends(get_engine)]
+
+
+def get_gateway(
+    config: ConfigDep, engine: EngineDep, admission: AdmissionDep, limiter: RateLimiterDep
+) -> Gateway:
+    return Gateway(config, engine, admission, limiter)
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -22,8 +22,11 @@ from llmserve.api.observability import observation_of
 from llmserve.api.rate_limits import RateLimiter, TokenReservation
 from llmserve.config import Config
 from llmserve.deadlines import DeadlineBook, ExpiryReason, RequestDeadline
+from llmserve.engine.base import EngineClient
 from llmserve.metrics import RequestObservation
 from llmserve.protocol.common import ErrorResponse
+from llmserve.protocol.sampling import SamplingFields
+from llmserve.serving.generation import GenerationObserver
 from llmserve.serving.streaming import DONE_EVENT, sse_event
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,80 @@ def take_request(request: Request, limiter: RateLimiter) -> None:
     key_id = api_key_id(request)
     if key_id is not None and limiter.enabled:
         limiter.take_request(key_id)
+
+
+class Plan(Protocol):
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def engine_sequences(self) -> int: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def max_new_tokens(self) -> int: ...
+
+
+RequestT = TypeVar("RequestT", bound=SamplingFields, contravariant=True)
+PlanT = TypeVar("PlanT", bound=Plan)
+
+
+class Service(Protocol[RequestT, PlanT]):
+    async def plan(self, request: RequestT, request_id: str) -> PlanT: ...
+
+    def stream(self, plan: PlanT) -> AsyncIterator[bytes]: ...
+
+    async def complete(self, plan: PlanT) -> BaseModel: ...
+
+
+class ServiceFactory(Protocol[RequestT, PlanT]):
+    def __call__(
+        self,
+        engine: EngineClient,
+        served_model_name: str,
+        observer: GenerationObserver | None = None,
+        max_prompt_tokens: int | None = None,
+    ) -> Service[RequestT, PlanT]: ...
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Everything a generation route needs, and the one way every generation route runs."""
+
+    config: Config
+    engine: EngineClient
+    admission: AdmissionController
+    limiter: RateLimiter
+
+    async def serve(
+        self,
+        request: Request,
+        body: RequestT,
+        make_service: ServiceFactory[RequestT, PlanT],
+        id_prefix: str,
+    ) -> Response:
+        """Refuse early what must be refused, plan (tokenize, fit the context), then answer."""
+        check_model(self.config, body.model)
+        take_request(request, self.limiter)
+        self.admission.check_fast()
+        service = make_service(
+            self.engine,
+            self.config.server.served_model_name,
+            observation_of(request),
+            max_prompt_tokens=self.config.admission.max_prompt_tokens,
+        )
+        plan = await service.plan(body, new_request_id(id_prefix))
+        return await respond(
+            request,
+            plan.request_id,
+            body.stream,
+            timeout_for(self.config, body.timeout),
+            reserve(request, self.limiter, plan.engine_sequences, plan.prompt_tokens, plan.max_new_tokens),
+            lambda: service.stream(plan),
+            lambda: service.complete(plan),
+        )
 
 
 async def respond(

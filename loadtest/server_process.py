@@ -14,9 +14,10 @@ from pathlib import Path
 
 import httpx
 import psutil
+
 from loadtest.prom import Scrape
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
