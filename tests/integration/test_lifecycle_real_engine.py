@@ -42,25 +42,35 @@ def test_stream_timeout_sends_an_sse_error_then_done(server: ServerProcess) -> N
 
 
 class StreamReader(threading.Thread):
-    def __init__(self, url: str, body: dict[str, object]) -> None:
+    def __init__(self, url: str, body: dict[str, object], key: str) -> None:
         super().__init__(daemon=True)
         self.url, self.body = url, body
+        self.headers = {"Authorization": f"Bearer {key}"}
         self.events: list[str] = []
         self.first_event = threading.Event()
 
     def run(self) -> None:
-        with httpx.stream("POST", self.url, json={**self.body, "stream": True}, timeout=120) as response:
+        body = {**self.body, "stream": True}
+        with httpx.stream("POST", self.url, json=body, headers=self.headers, timeout=120) as response:
             for line in response.iter_lines():
                 if line:
                     self.events.append(line.removeprefix("data: "))
                     self.first_event.set()
 
 
+KEYS = {"rate": "sk-rate-limited", "drain": "sk-drain"}
+
+
 @pytest.fixture(scope="module")
 def drain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server of its own: this test ends its life."""
+    """A server of its own, with API keys and per-key limits on; the drain test ends its life."""
     log = Path(tmp_path_factory.mktemp("drain")) / "server.log"
-    process = start_server(log, "--set", "server.shutdown_timeout_s=8")
+    limits = ["server.shutdown_timeout_s=8", "auth.requests_per_minute=6", "auth.tokens_per_minute=1600"]
+    process = start_server(
+        log,
+        *[arg for limit in limits for arg in ("--set", limit)],
+        env={"LLMSERVE_AUTH__API_KEYS": json.dumps(list(KEYS.values()))},
+    )
     try:
         process.wait_ready(READY_TIMEOUT_S)
         yield process
@@ -68,17 +78,49 @@ def drain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         process.stop()
 
 
+def test_api_keys_and_per_key_token_and_request_limits(drain_server: ServerProcess) -> None:
+    url = f"{drain_server.base_url}/v1/completions"
+    headers = {"Authorization": f"Bearer {KEYS['rate']}"}
+    capital = {"model": MODEL, "prompt": "The capital of France is", "temperature": 0}
+    assert httpx.post(url, json={**capital, "max_tokens": 2}).status_code == 401
+    wrong = httpx.post(url, json={**capital, "max_tokens": 2}, headers={"Authorization": "Bearer sk-x"})
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{drain_server.base_url}/health").status_code == 200, "probes need no key"
+
+    # 5 prompt tokens + 1200 reserved of 1600; stopping at once uses ~5, the rest is refunded
+    first = httpx.post(url, json={**capital, "max_tokens": 1200, "stop": [" Paris"]}, headers=headers)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-tokens"] == "1600"
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) < 450
+    second = httpx.post(url, json={**capital, "max_tokens": 1200, "stop": [" Paris"]}, headers=headers)
+    assert second.status_code == 200, "only the refund of the first reservation leaves room for this one"
+    too_many_tokens = httpx.post(url, json={**capital, "max_tokens": 2000}, headers=headers)
+    assert too_many_tokens.status_code == 429
+    assert too_many_tokens.json()["error"]["type"] == "tokens"
+    assert int(too_many_tokens.headers["retry-after"]) >= 1
+
+    statuses = [
+        httpx.post(url, json={**capital, "max_tokens": 1}, headers=headers).status_code for _ in range(5)
+    ]
+    assert statuses == [200, 200, 200, 200, 429], "6 requests per minute, the refused one not counted"
+    metrics = drain_server.scrape()
+    assert metrics.value("llmserve_rejections_total", reason="rate_limited") == 2
+
+
 def test_sigterm_drains_in_flight_streams_refuses_new_work_and_exits_0(drain_server: ServerProcess) -> None:
     url = f"{drain_server.base_url}/v1/completions"
-    short = StreamReader(url, {**LONG, "max_tokens": 24})
-    long = StreamReader(url, LONG)
+    short = StreamReader(url, {**LONG, "max_tokens": 24}, KEYS["drain"])
+    long = StreamReader(url, LONG, KEYS["drain"])
     for reader in (short, long):
         reader.start()
         assert reader.first_event.wait(60)
     drain_server.process.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert httpx.get(f"{drain_server.base_url}/ready").status_code == 503
-    refused = httpx.post(url, json={**LONG, "max_tokens": 2}, timeout=10)
+    refused = httpx.post(
+        url, json={**LONG, "max_tokens": 2}, headers={"Authorization": f"Bearer {KEYS['drain']}"}, timeout=10
+    )
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "draining"
     short.join(60)
