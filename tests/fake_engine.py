@@ -106,10 +106,6 @@ class FakeEngine:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    async def check_health(self) -> None:
-        if self.dead:
-            raise EngineError("dead")
-
 
 def fake_starter(engine: FakeEngine):  # type: ignore[no-untyped-def]
     @asynccontextmanager

@@ -268,10 +268,6 @@ class VllmEngine:
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
 
-    async def check_health(self) -> None:
-        if self._llm.errored:
-            raise EngineDeadError("the inference engine is not running")
-
 
 def _construct_async_llm(config: EngineConfig, served_model_name: str) -> AsyncLLM:
     from vllm.v1.engine.async_llm import AsyncLLM
