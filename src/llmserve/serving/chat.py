@@ -20,7 +20,10 @@ from llmserve.serving.generation import (
     GenerationService,
     PlannedPrompt,
     collect_choices,
+    engine_sequences,
     fit_max_tokens,
+    max_new_tokens,
+    prompt_tokens,
     run_generations,
     usage_of,
 )
@@ -39,15 +42,15 @@ class PlannedChat:
 
     @property
     def engine_sequences(self) -> int:
-        return self.prompt.sampling.n
+        return engine_sequences([self.prompt])
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.prompt.prompt.token_ids)
+        return prompt_tokens([self.prompt])
 
     @property
     def max_new_tokens(self) -> int:
-        return self.prompt.sampling.max_tokens * self.prompt.sampling.n
+        return max_new_tokens([self.prompt])
 
 
 class ChatService(GenerationService):

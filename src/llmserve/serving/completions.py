@@ -26,6 +26,7 @@ from llmserve.serving.generation import (
     collect_choices,
     engine_sequences,
     fit_max_tokens,
+    max_new_tokens,
     prompt_tokens,
     run_generations,
     usage_of,
@@ -71,7 +72,7 @@ class PlannedCompletion:
 
     @property
     def max_new_tokens(self) -> int:
-        return sum(item.sampling.max_tokens * item.sampling.n for item in self.prompts)
+        return max_new_tokens(self.prompts)
 
 
 class CompletionService(GenerationService):

@@ -65,6 +65,10 @@ def prompt_tokens(planned: Sequence[PlannedPrompt]) -> int:
     return sum(len(item.prompt.token_ids) for item in planned)
 
 
+def max_new_tokens(planned: Sequence[PlannedPrompt]) -> int:
+    return sum(item.sampling.max_tokens * item.sampling.n for item in planned)
+
+
 class PromptOverLimitError(InvalidRequestError):
     def __init__(self, prompt_len: int, limit: int, param: str) -> None:
         super().__init__(
@@ -91,7 +95,7 @@ async def run_generations(
     observer: GenerationObserver,
 ) -> AsyncIterator[tuple[int, GenerationDelta]]:
     """Deltas of every choice as they arrive, as (choice index, delta); choice = prompt * n + i."""
-    observer.on_prompt(sum(len(item.prompt.token_ids) for item in planned))
+    observer.on_prompt(prompt_tokens(planned))
     iterators = [
         engine.generate(item.prompt, item.sampling, f"{request_id}-{position}")
         for position, item in enumerate(planned)
@@ -136,9 +140,9 @@ async def collect_choices(
 
 
 def usage_of(planned: Sequence[PlannedPrompt], completion_tokens: int) -> UsageInfo:
-    prompt_tokens = sum(len(item.prompt.token_ids) for item in planned)
+    prompt_count = prompt_tokens(planned)
     return UsageInfo(
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt_count,
         completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
+        total_tokens=prompt_count + completion_tokens,
     )
