@@ -70,3 +70,23 @@ def test_draining_refuses_new_requests_and_turns_readiness_false(client: TestCli
     scrape = Scrape.parse(client.get("/metrics").text)
     assert scrape.value("llmserve_rejections_total", reason="draining") == 1
     assert runtime.drained
+
+
+def test_a_request_cut_by_the_drain_deadline_is_answered_and_counted_once() -> None:
+    import threading
+
+    with make_client(engine=slow_engine()) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        answers = []
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 60}
+        worker = threading.Thread(target=lambda: answers.append(client.post("/v1/completions", json=body)))
+        worker.start()
+        while len(runtime.deadlines) == 0:
+            time.sleep(0.01)
+        client.portal.call(runtime.begin_drain, 0.2)  # type: ignore[union-attr]
+        worker.join(5)
+        assert answers[0].status_code == 503
+        assert answers[0].json()["error"]["code"] == "draining"
+        scrape = Scrape.parse(client.get("/metrics").text)
+        assert scrape.value("llmserve_rejections_total", reason="draining") == 1
+        assert scrape.value("llmserve_request_errors_total", code="draining") == 1

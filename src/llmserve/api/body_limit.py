@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmserve.api.errors import TOO_LARGE_CODE, APIError
+from llmserve.api.errors import TOO_LARGE_CODE, APIError, record_error
 from llmserve.api.observability import OBSERVATION_KEY
 from llmserve.metrics import RequestObservation
 
@@ -62,7 +62,5 @@ class BodySizeLimitMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         observation: RequestObservation | None = scope.get("state", {}).get(OBSERVATION_KEY)
         error = APIError(too_large_message(self.max_body_bytes), status_code=413, code=TOO_LARGE_CODE)
-        if observation is not None:
-            observation.on_rejected("too_large")
-            observation.on_error(error.code)
+        record_error(observation, error)
         await error.to_response()(scope, receive, send)

@@ -20,6 +20,7 @@ from llmserve.engine.base import (
     InvalidRequestError,
     PromptTooLongError,
 )
+from llmserve.metrics import RequestObservation
 from llmserve.protocol.common import ErrorInfo, ErrorResponse
 from llmserve.protocol.sampling import InvalidParameterError, UnsupportedParameterError
 from llmserve.runtime import DrainingError, EngineNotReadyError
@@ -149,20 +150,27 @@ def _is_type_tag(part: str) -> bool:
     return part in {"str", "int", "float", "bool"} or part.startswith(("list[", "dict[", "function-"))
 
 
-# Errors that are refusals for load or policy are also counted as rejections, by reason.
+# Errors that are refusals for load, policy or time are also counted as rejections, by reason.
 REJECTION_REASON_OF_CODE = {
     TOO_LARGE_CODE: "too_large",
     "draining": "draining",
     "overloaded": "overloaded",
     "rate_limit_exceeded": "rate_limited",
+    "request_timeout": "timeout",
 }
 
 
+def record_error(observation: RequestObservation | None, error: APIError) -> None:
+    """The one place an error sent to a client (as JSON or inside a stream) is counted."""
+    if observation is None:
+        return
+    observation.on_error(error.code)
+    if (reason := REJECTION_REASON_OF_CODE.get(error.code or "")) is not None:
+        observation.on_rejected(reason)
+
+
 def _answer(request: Request, error: APIError) -> Response:
-    if (observation := observation_of(request)) is not None:
-        observation.on_error(error.code)
-        if (reason := REJECTION_REASON_OF_CODE.get(error.code or "")) is not None:
-            observation.on_rejected(reason)
+    record_error(observation_of(request), error)
     return error.to_response()
 
 

@@ -17,7 +17,13 @@ from pydantic import BaseModel
 from llmserve.api.admission import AdmissionController
 from llmserve.api.auth import api_key_id
 from llmserve.api.disconnect import ClientDisconnectedError, cancel_on_disconnect
-from llmserve.api.errors import APIError, model_not_found, service_unavailable, to_api_error
+from llmserve.api.errors import (
+    APIError,
+    model_not_found,
+    record_error,
+    service_unavailable,
+    to_api_error,
+)
 from llmserve.api.observability import observation_of
 from llmserve.api.rate_limits import RateLimiter, TokenReservation
 from llmserve.config import Config
@@ -68,11 +74,6 @@ def expiry_error(reason: ExpiryReason) -> APIError:
         error_type="timeout_error",
         code="request_timeout",
     )
-
-
-def _note_expiry(observation: RequestObservation | None, reason: ExpiryReason) -> None:
-    if observation is not None:
-        observation.on_rejected(reason)
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,6 @@ async def respond(
         if deadline.expired is None:
             raise
         logger.info("request %s: %s, generation aborted", request_id, deadline.expired)
-        _note_expiry(observation, deadline.expired)
         raise expiry_error(deadline.expired) from None
     finally:
         deadline.release()
@@ -292,13 +292,11 @@ async def _relay(
         if producer.cancelled():
             reason = deadline.expired or "timeout"
             logger.info("request %s: %s mid-stream, generation aborted", request_id, reason)
-            _note_expiry(observation, reason)
             error = expiry_error(reason)
         elif (exc := producer.exception()) is not None:
             error = to_api_error(exc)
         if error is not None:
-            if observation is not None:
-                observation.on_error(error.code)
+            record_error(observation, error)
             yield sse_event(error.to_body())
             yield DONE_EVENT
     except (asyncio.CancelledError, GeneratorExit):
