@@ -1,8 +1,9 @@
-"""`llmserve serve | prepare-model`: parse flags, load config, hand over."""
+"""`llmserve serve | check-config | prepare-model`: parse flags, load config, hand over."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -19,19 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llmserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="start the OpenAI-compatible server")
-    serve.add_argument("--config", type=Path, help="YAML profile (default: the embedded one)")
-    serve.add_argument("--host", help="server.host")
-    serve.add_argument("--port", type=int, help="server.port")
-    serve.add_argument("--model", help="engine.model: a prepared model directory")
-    serve.add_argument("--served-model-name", help="server.served_model_name")
-    serve.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config key, e.g. --set engine.max_num_seqs=32 (repeatable)",
+    _add_config_arguments(commands.add_parser("serve", help="start the OpenAI-compatible server"))
+    _add_config_arguments(
+        commands.add_parser(
+            "check-config",
+            help="validate a profile (and its fit to the model, if present); print vLLM's engine arguments",
+        )
     )
 
     prepare = commands.add_parser(
@@ -40,6 +34,22 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--output", type=Path, default=DEFAULT_MODEL_DIR)
     prepare.add_argument("--force", action="store_true", help="rebuild even if it looks complete")
     return parser
+
+
+def _add_config_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--config", type=Path, help="YAML profile (default: the embedded one)")
+    command.add_argument("--host", help="server.host")
+    command.add_argument("--port", type=int, help="server.port")
+    command.add_argument("--model", help="engine.model: a prepared model directory")
+    command.add_argument("--served-model-name", help="server.served_model_name")
+    command.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set engine.max_num_seqs=32 (repeatable)",
+    )
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,6 +75,7 @@ def _configure_logging(level: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from llmserve.engine.model_fit import ModelFitError, check_model_fit
     from llmserve.engine.model_store import ModelNotPreparedError, check_model_dir
     from llmserve.server import serve
 
@@ -76,7 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
     _configure_logging(config.server.log_level)
     try:
         check_model_dir(config.engine.model)
-    except ModelNotPreparedError as exc:
+        check_model_fit(config.engine)
+    except (ModelNotPreparedError, ModelFitError) as exc:
         print(f"llmserve: {exc}", file=sys.stderr)
         return 2
     try:
@@ -84,6 +96,21 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"llmserve: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from llmserve.engine.model_fit import ModelFitError, check_model_fit
+    from llmserve.engine.vllm_engine import engine_arguments
+
+    try:
+        config = load_config(args.config, _flag_overrides(args))
+        check_model_fit(config.engine)
+    except (ConfigError, ModelFitError) as exc:
+        print(f"llmserve: {exc}", file=sys.stderr)
+        return 2
+    arguments = engine_arguments(config.engine, config.server.served_model_name)
+    print(json.dumps({"engine_backend": config.engine.backend, "vllm_engine_args": arguments}, indent=2))
+    return 0
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
@@ -103,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "check-config":
+        return _check_config(args)
     return _prepare_model(args)
 
 

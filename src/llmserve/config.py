@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
+from llmserve.engine_config import EngineConfig
+
 DEFAULT_PROFILE_NAME = "cpu-smollm2.yaml"
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 ENV_PREFIX = "LLMSERVE_"
 
 
@@ -88,34 +89,6 @@ class AuthConfig(_Section):
     @property
     def enabled(self) -> bool:
         return bool(self.api_keys) or self.api_keys_file is not None
-
-
-class EngineConfig(_Section):
-    backend: Literal["vllm"] = "vllm"
-    device: Literal["cpu", "cuda"] = "cpu"
-    model: Path = Path(".cache/models/SmolLM2-135M-Instruct")
-    tokenizer: Path | None = None
-    dtype: Dtype = "auto"
-    max_model_len: int = Field(default=2048, ge=16)
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=16)
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    kv_cache_memory_gib: float | None = Field(
-        default=None, gt=0, description="Fixed KV cache size; on CPU this replaces VLLM_CPU_KVCACHE_SPACE."
-    )
-    cpu_omp_threads_bind: str = Field(
-        default="auto", min_length=1, description="VLLM_CPU_OMP_THREADS_BIND: cores for model threads."
-    )
-
-    @field_validator("model", "tokenizer")
-    @classmethod
-    def _expand_user(cls, value: Path | None) -> Path | None:
-        return value.expanduser() if value is not None else None
 
 
 class Config(BaseSettings):

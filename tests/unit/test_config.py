@@ -88,7 +88,7 @@ def test_overrides_parse_yaml_scalars_and_reject_garbage() -> None:
 
 
 def test_auto_dtype_on_cpu_is_bf16_only_where_the_cpu_computes_it_natively(tmp_path: Path) -> None:
-    from llmserve.engine.vllm_engine import cpu_has_native_bf16
+    from llmserve.engine.dtype import cpu_has_native_bf16
 
     avx2_only = tmp_path / "avx2"
     avx2_only.write_text("flags\t: fpu sse avx avx2 fma\n")
@@ -100,7 +100,7 @@ def test_auto_dtype_on_cpu_is_bf16_only_where_the_cpu_computes_it_natively(tmp_p
 
 
 def test_explicit_dtype_is_passed_through_unchanged() -> None:
-    from llmserve.engine.vllm_engine import resolve_dtype
+    from llmserve.engine.dtype import resolve_dtype
 
     config = load_config(None, parse_overrides(["engine.dtype=bfloat16"]))
     assert resolve_dtype(config.engine) == "bfloat16"

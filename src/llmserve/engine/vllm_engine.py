@@ -8,10 +8,8 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmserve.config import Dtype, EngineConfig
 from llmserve.engine.base import (
     ChatMessage,
     EngineDeadError,
@@ -24,7 +22,11 @@ from llmserve.engine.base import (
     TokenizedPrompt,
     TokenLogprob,
 )
+from llmserve.engine.dtype import resolve_dtype
+from llmserve.engine.hf_text import TextCodec
+from llmserve.engine.model_fit import check_model_fit
 from llmserve.engine.model_store import check_model_dir
+from llmserve.engine_config import EngineConfig, SpeculativeConfig
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -34,52 +36,53 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
-# Tokenizing a long prompt takes milliseconds: do it off the event loop.
-LONG_PROMPT_CHARS = 4096
 
 
-NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+def engine_arguments(config: EngineConfig, served_model_name: str) -> dict[str, Any]:
+    """The one place where our engine config becomes vLLM's engine arguments (as keywords)."""
+    return {
+        "model": str(config.model),
+        "tokenizer": str(config.tokenizer) if config.tokenizer else None,
+        "served_model_name": [served_model_name],
+        "load_format": config.load_format,
+        "dtype": resolve_dtype(config),
+        "quantization": config.quantization,
+        "max_model_len": config.max_model_len,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enforce_eager": config.enforce_eager,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "seed": config.seed,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
+        "data_parallel_size": config.data_parallel_size,
+        "distributed_executor_backend": config.distributed_executor_backend,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "block_size": config.block_size,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "kv_cache_memory_bytes": _gib_to_bytes(config.kv_cache_memory_gib),
+        "kv_offloading_size": config.kv_offloading_size_gib,
+        "speculative_config": _speculative_arguments(config.speculative),
+        "disable_log_stats": False,
+        "enable_log_requests": False,
+    }
 
 
-def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    try:
-        flags = cpuinfo.read_text(errors="replace").split()
-    except OSError:
-        return False
-    return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
+def _gib_to_bytes(gib: float | None) -> int | None:
+    return int(gib * GIB) if gib is not None else None
 
 
-def resolve_dtype(config: EngineConfig) -> Dtype:
-    """`auto` on CPU: bf16 where the CPU computes it natively, else float32, which is ~3x faster
-    than emulated bf16 at batch 32 on an AVX2-only CPU. On GPU, `auto` is vLLM's own choice."""
-    if config.dtype != "auto" or config.device != "cpu":
-        return config.dtype
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+def _speculative_arguments(spec: SpeculativeConfig | None) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    return spec.model_dump(exclude_none=True)
 
 
 def build_engine_args(config: EngineConfig, served_model_name: str) -> AsyncEngineArgs:
-    """The one place where our engine config becomes vLLM's engine arguments."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    kv_cache_bytes = int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib is not None else None
-    return AsyncEngineArgs(
-        model=str(config.model),
-        tokenizer=str(config.tokenizer) if config.tokenizer else None,
-        served_model_name=[served_model_name],
-        dtype=resolve_dtype(config),
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        enforce_eager=config.enforce_eager,
-        enable_prefix_caching=config.enable_prefix_caching,
-        seed=config.seed,
-        tensor_parallel_size=config.tensor_parallel_size,
-        pipeline_parallel_size=config.pipeline_parallel_size,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_cache_bytes,
-        disable_log_stats=False,
-        enable_log_requests=False,
-    )
+    return AsyncEngineArgs(**engine_arguments(config, served_model_name))
 
 
 def apply_process_environment(config: EngineConfig) -> None:
@@ -162,7 +165,7 @@ class VllmEngine:
     def __init__(self, llm: AsyncLLM) -> None:
         self._llm_or_none: AsyncLLM | None = llm
         tokenizer = llm.get_tokenizer()
-        self._tokenizer: Any = tokenizer
+        self._text = TextCodec(tokenizer)
         self._model_info = ModelInfo(
             max_model_len=llm.model_config.max_model_len,
             vocab_size=len(tokenizer),
@@ -187,38 +190,15 @@ class VllmEngine:
         return self._llm_or_none is None or bool(self._llm_or_none.errored)
 
     async def tokenize(self, text: str) -> TokenizedPrompt:
-        return TokenizedPrompt(token_ids=await self._encode(text, add_special_tokens=True), text=text)
-
-    async def _encode(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
-        if len(text) > LONG_PROMPT_CHARS:
-            token_ids = await asyncio.to_thread(
-                self._tokenizer.encode, text, add_special_tokens=add_special_tokens
-            )
-        else:
-            token_ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return tuple(token_ids)
+        return await self._text.tokenize(text)
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
-        text: str = self._tokenizer.decode(list(token_ids))
-        return text
+        return await self._text.detokenize(token_ids)
 
     async def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
     ) -> TokenizedPrompt:
-        conversation = [{"role": message.role, "content": message.content} for message in messages]
-        try:
-            text: str = self._tokenizer.apply_chat_template(
-                conversation,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-            )
-        except Exception as exc:  # jinja2 raises its own errors for conversations it refuses
-            raise InvalidRequestError(
-                f"The model's chat template refused the messages: {exc}", param="messages"
-            ) from exc
-        # The template writes the special tokens itself.
-        return TokenizedPrompt(token_ids=await self._encode(text, add_special_tokens=False), text=text)
+        return await self._text.render_chat(messages, add_generation_prompt, continue_final_message)
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
@@ -279,6 +259,7 @@ def _construct_async_llm(config: EngineConfig, served_model_name: str) -> AsyncL
 async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> AsyncIterator[VllmEngine]:
     """Start AsyncLLM (spawning its engine-core process) and shut it down on exit."""
     check_model_dir(config.model)
+    check_model_fit(config)
     apply_process_environment(config)
     # Importing vLLM and building the engine take ~45 s of blocking work: keep it off the event
     # loop so /health answers during start-up. AsyncLLM starts its loop tasks on first use.

@@ -1,0 +1,164 @@
+"""The engine section of the config: every serving technique vLLM offers, typed and cross-checked.
+
+Each field maps to one of vLLM's engine arguments in `engine.vllm_engine.build_engine_args`.
+The checks here need nothing but the config; `engine.model_fit` adds those that need the
+model's own `config.json` (head counts, layers, context length).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+Quantization = Literal["awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors"]
+# Methods an ops team may expect that the pinned vLLM (0.32) no longer has, with what to use.
+REMOVED_QUANTIZATION = {
+    "bitsandbytes": "bitsandbytes (NF4/INT8 on load) is not in vLLM 0.32, the pinned engine: "
+    "serve a 4-bit AWQ/GPTQ checkpoint (configs/gpu-llama2-7b-awq.yaml) or an INT8 W8A8 one "
+    "(configs/gpu-llama3-8b-int8-w8a8.yaml)",
+}
+KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp"]
+ExecutorBackend = Literal["mp", "ray", "uni"]
+LoadFormat = Literal["auto", "safetensors", "dummy"]
+
+# Methods whose proposer is a separate set of weights, named by `speculative.model`.
+SPECULATIVE_METHODS_WITH_MODEL = frozenset({"draft_model", "eagle", "eagle3", "medusa"})
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeculativeConfig(_Section):
+    """Speculative decoding: a cheap proposer drafts tokens, the model verifies them in one step.
+
+    Lossless: the target model decides every emitted token (greedy output is unchanged)."""
+
+    method: SpeculativeMethod
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Tokens drafted per step.")
+    model: str | None = Field(
+        default=None, description="Draft model / EAGLE / Medusa head directory (not for ngram, mtp)."
+    )
+    prompt_lookup_min: int | None = Field(default=None, ge=1, description="ngram: shortest match.")
+    prompt_lookup_max: int | None = Field(default=None, ge=1, description="ngram: longest match.")
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _method_matches_its_inputs(self) -> Self:
+        if self.method in SPECULATIVE_METHODS_WITH_MODEL and not self.model:
+            raise ValueError(f"speculative method {self.method} needs speculative.model (its weights)")
+        if self.method == "ngram":
+            if self.model:
+                raise ValueError("speculative method ngram drafts from the prompt: remove speculative.model")
+            if self.prompt_lookup_max is None:
+                raise ValueError("speculative method ngram needs prompt_lookup_max (e.g. 4)")
+            if self.prompt_lookup_min is not None and self.prompt_lookup_min > self.prompt_lookup_max:
+                raise ValueError("speculative.prompt_lookup_min must not exceed prompt_lookup_max")
+        elif self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+            raise ValueError(f"prompt_lookup_min/max only apply to ngram, not {self.method}")
+        return self
+
+
+class EngineConfig(_Section):
+    backend: Literal["vllm", "transformers"] = Field(
+        default="vllm", description="transformers: the static-batching baseline, for benchmarks only."
+    )
+    device: Literal["cpu", "cuda"] = "cpu"
+    model: Path = Path(".cache/models/SmolLM2-135M-Instruct")
+    tokenizer: Path | None = None
+    load_format: LoadFormat = Field(
+        default="auto", description="dummy: random weights of the model's shape (benchmarks, no weights)."
+    )
+    dtype: Dtype = "auto"
+    quantization: Quantization | None = None
+    max_model_len: int = Field(default=2048, ge=16)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    enable_chunked_prefill: bool | None = Field(default=None, description="Unset: vLLM's default (on).")
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    # Parallelism
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)
+    distributed_executor_backend: ExecutorBackend | None = Field(
+        default=None, description="Unset: mp on one node; ray for more than one node."
+    )
+    # KV cache
+    kv_cache_dtype: KvCacheDtype = "auto"
+    block_size: int | None = Field(default=None, ge=1, le=256, description="Tokens per KV block.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_memory_gib: float | None = Field(
+        default=None, gt=0, description="Fixed KV cache size; on CPU this replaces VLLM_CPU_KVCACHE_SPACE."
+    )
+    kv_offloading_size_gib: float | None = Field(
+        default=None, gt=0, description="Host memory that evicted KV blocks spill to (vLLM V1's swap)."
+    )
+    speculative: SpeculativeConfig | None = None
+    cpu_omp_threads_bind: str = Field(
+        default="auto", min_length=1, description="VLLM_CPU_OMP_THREADS_BIND: cores for model threads."
+    )
+
+    @field_validator("model", "tokenizer")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("quantization", mode="before")
+    @classmethod
+    def _quantization_is_offered(cls, value: object) -> object:
+        if isinstance(value, str) and value in REMOVED_QUANTIZATION:
+            raise ValueError(REMOVED_QUANTIZATION[value])
+        return value
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_is_a_power_of_two(cls, value: int | None) -> int | None:
+        if value is not None and value & (value - 1):
+            raise ValueError("block_size must be a power of two (8, 16, 32, ...)")
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @model_validator(mode="after")
+    def _combination_is_possible(self) -> Self:
+        for problem in _impossible_combinations(self):
+            raise ValueError(problem)
+        return self
+
+
+def _impossible_combinations(config: EngineConfig) -> list[str]:
+    problems: list[str] = []
+    batched = config.max_num_batched_tokens
+    if batched is not None and batched < config.max_num_seqs:
+        problems.append(
+            f"max_num_batched_tokens ({batched}) must be at least max_num_seqs ({config.max_num_seqs})"
+        )
+    if batched is not None and config.enable_chunked_prefill is False and batched < config.max_model_len:
+        problems.append(
+            f"without chunked prefill a whole prompt is one step: max_num_batched_tokens ({batched}) "
+            f"must be at least max_model_len ({config.max_model_len})"
+        )
+    if config.distributed_executor_backend == "uni" and config.world_size > 1:
+        problems.append(
+            "distributed_executor_backend uni runs one worker: tensor/pipeline parallel need mp or ray"
+        )
+    spec = config.speculative
+    if spec is not None and spec.draft_tensor_parallel_size not in (None, 1, config.tensor_parallel_size):
+        problems.append(
+            "speculative.draft_tensor_parallel_size must be 1 or the model's tensor_parallel_size"
+        )
+    baseline_extras = config.speculative is not None or config.world_size > 1 or config.quantization
+    if config.backend == "transformers" and baseline_extras:
+        problems.append(
+            "the transformers baseline runs one unquantized model on one device: "
+            "no speculation, parallelism or quantization"
+        )
+    return problems

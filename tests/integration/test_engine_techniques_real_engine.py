@@ -1,0 +1,114 @@
+"""Serving techniques proven on CPU with the real engine: ngram speculative decoding is lossless
+under greedy sampling and counts its acceptances in /metrics; prefix caching hits on a repeated
+system prompt; the CPU profiles pass vLLM's own engine-config validation."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from loadtest.server_process import ServerProcess, start_server
+
+from tests.integration.conftest import MODEL, READY_TIMEOUT_S
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC_PROFILE = "configs/cpu-smollm2-spec-ngram.yaml"
+# Repetitive prompts (what ngram speculation is for) and ordinary ones.
+PROMPTS = [
+    "Repeat this list exactly: apple, banana, cherry, apple, banana, cherry, apple, banana, cherry,",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(",
+    "Copy the sentence: The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "The capital of France is",
+    "Write a short poem about the sea.",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+]
+CHAT = [{"role": "user", "content": "Say the word 'hello' five times, separated by commas."}]
+
+
+@pytest.fixture(scope="module")
+def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log_path = Path(tmp_path_factory.mktemp("spec")) / "server.log"
+    process = start_server(log_path, "--config", SPEC_PROFILE)
+    try:
+        process.wait_ready(READY_TIMEOUT_S)
+        yield process
+    finally:
+        assert process.stop() == 0
+
+
+def greedy_completion(server: ServerProcess, prompt: str) -> str:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 48, "temperature": 0}
+    response = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return str(response.json()["choices"][0]["text"])
+
+
+def greedy_chat(server: ServerProcess) -> str:
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 40, "temperature": 0}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+def test_ngram_speculation_is_lossless_under_greedy_sampling(
+    server: ServerProcess, spec_server: ServerProcess
+) -> None:
+    for prompt in PROMPTS:
+        assert greedy_completion(spec_server, prompt) == greedy_completion(server, prompt), prompt
+    assert greedy_chat(spec_server) == greedy_chat(server)
+
+
+def test_ngram_acceptance_counters_are_in_metrics(spec_server: ServerProcess) -> None:
+    before = spec_server.scrape()
+    greedy_completion(spec_server, PROMPTS[0])
+    after = spec_server.scrape()
+    drafts = after.value("vllm:spec_decode_num_drafts_total") - before.value(
+        "vllm:spec_decode_num_drafts_total"
+    )
+    drafted = after.value("vllm:spec_decode_num_draft_tokens_total") - before.value(
+        "vllm:spec_decode_num_draft_tokens_total"
+    )
+    accepted = after.value("vllm:spec_decode_num_accepted_tokens_total") - before.value(
+        "vllm:spec_decode_num_accepted_tokens_total"
+    )
+    assert drafts > 0
+    assert 0 < accepted <= drafted
+    print(f"\nngram on a repetitive prompt: {accepted:.0f}/{drafted:.0f} drafted tokens accepted")
+
+
+def test_a_repeated_system_prompt_hits_the_prefix_cache(server: ServerProcess) -> None:
+    system = "You are a support agent for ACME. " + " ".join(
+        f"Rule {i}: be precise and kind." for i in range(60)
+    )
+    hits_before = server.metric("vllm:prefix_cache_hits_total")
+    for question in ("How do I reset my password?", "Where is my order?"):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 4}
+        assert httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    # The second request reuses the system prompt's full KV blocks (hundreds of tokens).
+    assert server.metric("vllm:prefix_cache_hits_total") - hits_before >= 256
+
+
+@pytest.mark.parametrize("profile", ["cpu-smollm2.yaml", "cpu-smollm2-spec-ngram.yaml"])
+def test_cpu_profiles_pass_vllms_own_engine_config_validation(profile: str) -> None:
+    from llmserve.config import load_config
+    from llmserve.engine.vllm_engine import apply_process_environment, build_engine_args
+
+    config = load_config(REPO / "configs" / profile)
+    saved = dict(os.environ)
+    try:
+        apply_process_environment(config.engine)
+        vllm_config = build_engine_args(config.engine, config.server.served_model_name).create_engine_config()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert vllm_config.model_config.max_model_len == config.engine.max_model_len
+    if config.engine.speculative is None:
+        assert vllm_config.speculative_config is None
+    else:
+        assert vllm_config.speculative_config is not None
+        assert vllm_config.speculative_config.method == "ngram"
+        assert vllm_config.speculative_config.num_speculative_tokens == 4
