@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload
+.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench loadtest check-config
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
@@ -22,6 +22,9 @@ help:
 	@echo "make lint    ruff + mypy (strict)"
 	@echo "make dashboard-png   (server running) key dashboard panels as a PNG + /metrics scrape cost"
 	@echo "make bench-overload  the same overload with shedding on and off, side by side"
+	@echo "make bench   baseline vs vLLM vs vLLM+ngram, offline and online, ratios + PNG (BENCH_SCALE=0.5; 1 doubles every count)"
+	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
+	@echo "make check-config CONFIG=configs/...  validate a profile, print vLLM's engine arguments"
 
 $(VENV_STAMP): $(VENV_INPUTS)
 	scripts/setup-venv.sh $(VENV)
@@ -64,6 +67,21 @@ bench-metrics: dashboard-png
 # Starts its own servers: the same Poisson overload with admission control on and off.
 bench-overload: model
 	$(PY) -m loadtest.overload_bench --rate 8 --duration 30 --out results/overload.json
+
+# Starts its own engines and servers: the transformers baseline, vLLM, vLLM + ngram speculation.
+BENCH_SCALE ?= 0.5
+bench: model
+	$(PY) -m loadtest.engine_bench --scale $(BENCH_SCALE) --out results/bench
+
+# Starts a server (or reuses URL=...) and stops it after: Locust ceiling, a bounded run gated by
+# the SLO profile, and a sweep of the offered load. Exits 1 when the SLO is missed.
+SLO ?= mission
+LOADTEST_ARGS ?=
+loadtest: model
+	$(PY) -m loadtest.run_loadtest all --slo $(SLO) --out results/loadtest $(if $(filter command line,$(origin URL)),--url $(URL)) $(LOADTEST_ARGS)
+
+check-config: venv
+	$(LLMSERVE) check-config --config $(CONFIG)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.bench_driver import percentile
 from loadtest.server_process import start_server
 from loadtest.workload import seeded_prompt
 
@@ -52,13 +53,6 @@ class Summary:
     refusal_p50_ms: float
     refusal_p99_ms: float
     goodput_rps: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def offer_load(
@@ -105,10 +99,10 @@ def summarise(setting: str, outcomes: list[Outcome], elapsed_s: float) -> Summar
         admitted_ok=len(ok),
         refused_429=len(refused),
         other=len(outcomes) - len(ok) - len(refused),
-        admitted_p50_s=percentile(ok, 0.5),
-        admitted_p99_s=percentile(ok, 0.99),
-        refusal_p50_ms=percentile(refused, 0.5),
-        refusal_p99_ms=percentile(refused, 0.99),
+        admitted_p50_s=percentile(ok, 50),
+        admitted_p99_s=percentile(ok, 99),
+        refusal_p50_ms=percentile(refused, 50),
+        refusal_p99_ms=percentile(refused, 99),
         goodput_rps=len(ok) / elapsed_s,
     )
 

@@ -1,0 +1,99 @@
+"""The load-test and benchmark tooling: seeded workloads, the SLO gate's verdicts, bench ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loadtest.bench_driver import RequestResult, percentile, summarise
+from loadtest.engine_bench import derive
+from loadtest.locust_options import parse_weights
+from loadtest.slo import evaluate, highest_passing, load_slo, passed, verdict_table
+from loadtest.workload import offline_batch, poisson_arrivals, repetitive_text
+
+SUMMARY = {"requests": 1000, "failures": 5, "requests_per_s": 950.0, "p99_ms": 180.0, "failure_ratio": 0.005}
+
+
+def test_workloads_are_seeded_and_arrive_over_time() -> None:
+    assert poisson_arrivals(20, 2.0, seed=3) == poisson_arrivals(20, 2.0, seed=3)
+    assert poisson_arrivals(20, 2.0, seed=3) != poisson_arrivals(20, 2.0, seed=4)
+    arrivals = [r.arrival_s for r in poisson_arrivals(200, 4.0, seed=0).requests]
+    assert arrivals == sorted(arrivals)
+    assert 200 / arrivals[-1] == pytest.approx(4.0, rel=0.25)
+    lengths = {r.max_tokens for r in poisson_arrivals(50, 2.0, seed=0).requests}
+    assert len(lengths) > 10, "output lengths are a distribution, not one value"
+    batch = offline_batch(8, 10, 32)
+    assert {r.max_tokens for r in batch.requests} == {32}
+    assert {r.arrival_s for r in batch.requests} == {0.0}
+    assert repetitive_text(4, concurrency=2, max_tokens=8).concurrency == 2
+
+
+def test_mission_slo_is_the_products_target() -> None:
+    mission = load_slo("mission")
+    assert (mission.min_requests_per_s, mission.max_p99_ms, mission.max_failure_ratio) == (1000, 200, 0.01)
+
+
+def test_gate_misses_on_throughput_and_says_by_how_much() -> None:
+    checks = evaluate(SUMMARY, load_slo("mission"))
+    assert not passed(checks)
+    assert [c.passed for c in checks] == [False, True, True]
+    table = verdict_table(checks, load_slo("mission"), "test machine")
+    assert "VERDICT: MISS" in table
+    assert "0.95x of target" in table
+    assert "targets set for: 1x NVIDIA H200" in table
+    assert "Ran on: test machine" in table
+
+
+def test_gate_passes_when_every_target_holds_and_flags_override_the_profile() -> None:
+    assert passed(evaluate(SUMMARY, load_slo("mission", min_requests_per_s=900)))
+    assert not passed(
+        evaluate(
+            {**SUMMARY, "failure_ratio": 0.02, "failures": 20}, load_slo("mission", min_requests_per_s=1)
+        )
+    )
+    assert not passed(evaluate({**SUMMARY, "p99_ms": None}, load_slo("mission", min_requests_per_s=1)))
+
+
+def test_unknown_slo_profile_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown SLO profile"):
+        load_slo("nope")
+
+
+def test_sweep_reports_the_highest_load_before_the_first_miss() -> None:
+    slo = load_slo("cpu-smollm2")
+
+    def step(p99: float) -> list:  # type: ignore[type-arg]
+        return evaluate({**SUMMARY, "p99_ms": p99}, slo, check_throughput=False)
+
+    assert highest_passing([(1, step(100)), (2, step(900)), (4, step(9000)), (8, step(100))]) == 2
+    assert highest_passing([(1, step(9000))]) is None
+
+
+def test_user_weights_parse_and_reject_unknown_classes() -> None:
+    assert parse_weights("completion=3,stream=1,chat=0") == {"completion": 3, "stream": 1, "chat": 0}
+    with pytest.raises(ValueError, match="unknown user class"):
+        parse_weights("completion=1,embeddings=1")
+    with pytest.raises(ValueError, match="weight 0"):
+        parse_weights("completion=0")
+
+
+def test_bench_statistics_and_ratios_come_from_the_same_run() -> None:
+    results = [RequestResult(True, 0.1 * i, 1.0 * i, 10) for i in range(1, 101)]
+    stats = summarise("w", [*results, RequestResult(False, 0, 0.5, 0)], duration_s=10.0)
+    assert (stats.requests, stats.failures, stats.output_tokens_per_s) == (101, 1, 100.0)
+    assert stats.e2e_p50_s == 50.0
+    assert stats.e2e_p99_s == 99.0
+    assert percentile([], 50) != percentile([], 50)  # NaN
+
+    def row(mode: str, variant: str, workload: str, tok_s: float, p50: float = 1.0) -> dict:  # type: ignore[type-arg]
+        return {"mode": mode, "variant": variant, "workload_key": workload, "output_tokens_per_s": tok_s,
+                "e2e_p50_s": p50, "e2e_p99_s": 2 * p50, "ttft_p50_s": p50 / 10}  # fmt: skip
+
+    rows = [row("offline", "baseline", "batch", 100), row("offline", "vllm", "batch", 150),
+            row("online", "vllm", "batch", 135, p50=1.02),
+            row("offline", "vllm-ngram", "batch", 75)]  # fmt: skip
+    derived = derive(rows)
+    assert rows[1]["tok_s_vs_baseline"] == 1.5
+    assert derived["gateway_overhead"][0]["online_over_offline_tok_s"] == pytest.approx(0.9)
+    assert derived["gateway_overhead"][0]["added_p50_ms"] == pytest.approx(20)
+    assert derived["speculation"][0]["speedup_tok_s"] == 0.5
