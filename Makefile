@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench loadtest check-config
+.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench loadtest check-config fuzz
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-overload  the same overload with shedding on and off, side by side"
 	@echo "make bench   baseline vs vLLM vs vLLM+ngram, offline and online, ratios + PNG (BENCH_SCALE=0.5; 1 doubles every count)"
 	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
+	@echo "make fuzz    schema fuzzing of the real server, FUZZ_EXAMPLES=1000 cases per operation and mode"
 	@echo "make check-config CONFIG=configs/...  validate a profile, print vLLM's engine arguments"
 
 $(VENV_STAMP): $(VENV_INPUTS)
@@ -79,6 +80,11 @@ SLO ?= mission
 LOADTEST_ARGS ?=
 loadtest: model
 	$(PY) -m loadtest.run_loadtest all --slo $(SLO) --out results/loadtest $(if $(filter command line,$(origin URL)),--url $(URL)) $(LOADTEST_ARGS)
+
+# The schema fuzzing of `make test`, longer: FUZZ_EXAMPLES cases per operation and mode.
+FUZZ_EXAMPLES ?= 1000
+fuzz: model
+	LLMSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/integration/test_fuzz_real_engine.py -s -p no:cacheprovider --timeout 7200
 
 check-config: venv
 	$(LLMSERVE) check-config --config $(CONFIG)

@@ -29,7 +29,7 @@ import httpx
 import psutil
 
 from loadtest.bench_driver import RunStats, drive, engine_sender, http_sender
-from loadtest.server_process import REPO, start_server
+from loadtest.server_process import REPO, start_server, tree_rss_bytes
 from loadtest.workload import Workload, offline_batch, poisson_arrivals, repetitive_text, shared_system_prompt
 
 
@@ -112,16 +112,8 @@ class TreeMemorySampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(0.2):
-            try:
-                root = psutil.Process(self.pid)
-                processes = [root, *root.children(recursive=True)]
-                total = 0
-                for process in processes:
-                    with contextlib.suppress(psutil.Error):
-                        total += process.memory_info().rss
-            except psutil.Error:
-                continue
-            self.peak_bytes = max(self.peak_bytes, total)
+            with contextlib.suppress(psutil.Error):
+                self.peak_bytes = max(self.peak_bytes, tree_rss_bytes(self.pid))
 
     def stop(self) -> int:
         self._done.set()

@@ -20,6 +20,16 @@ from loadtest.prom import Scrape
 REPO = Path(__file__).resolve().parents[1]
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (vLLM's engine core is a child)."""
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += process.memory_info().rss
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -50,6 +60,9 @@ class ServerProcess:
                     return time.monotonic() - self.started_at
             time.sleep(0.5)
         raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def rss_mb(self) -> float:
+        return tree_rss_bytes(self.process.pid) / 2**20
 
     def scrape(self) -> Scrape:
         return Scrape.parse(httpx.get(f"{self.base_url}/metrics", timeout=10).text)

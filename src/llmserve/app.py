@@ -13,9 +13,10 @@ from llmserve import __version__
 from llmserve.api import chat, completions, health, models, scrape
 from llmserve.api.admission import AdmissionController
 from llmserve.api.auth import ApiKeyRequired, KeyRing
-from llmserve.api.body_limit import BodySizeLimitMiddleware
+from llmserve.api.body_limit import BodyLimitsMiddleware
 from llmserve.api.errors import install_error_handlers
 from llmserve.api.observability import MetricsMiddleware
+from llmserve.api.openapi import install_openapi
 from llmserve.api.rate_limits import RateLimiter
 from llmserve.config import Config
 from llmserve.engine import start_engine
@@ -53,7 +54,11 @@ def create_app(
     app.state.config = config
     app.state.runtime = runtime
     app.state.metrics = gateway_metrics
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.server.max_request_body_bytes)
+    app.add_middleware(
+        BodyLimitsMiddleware,
+        max_body_bytes=config.server.max_request_body_bytes,
+        read_timeout_s=config.server.body_read_timeout_s,
+    )
     # Added last, so outermost: every request is observed, also those refused for their size.
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
     app.state.keys = KeyRing.from_config(config.auth)
@@ -61,6 +66,7 @@ def create_app(
     app.state.rate_limiter = RateLimiter(config.auth)
     gateway_metrics.watch_admission(lambda: app.state.admission.waiting)
     install_error_handlers(app)
+    install_openapi(app, config.server.served_model_name)
     for module in (completions, chat, models):
         app.include_router(module.router, dependencies=[ApiKeyRequired])
     app.include_router(health.router)

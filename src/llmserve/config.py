@@ -40,6 +40,9 @@ class ServerConfig(_Section):
     max_request_body_bytes: int = Field(
         default=1 << 20, ge=1024, description="Larger request bodies are refused with 413."
     )
+    body_read_timeout_s: float = Field(
+        default=10.0, gt=0, description="A request body slower than this is refused with 408 (slowloris)."
+    )
     readiness_probe_ttl_s: float = Field(
         default=5.0, ge=0, description="How long a successful one-token readiness probe is trusted."
     )

@@ -9,8 +9,16 @@ import openai
 import pytest
 from loadtest.server_process import ServerProcess, start_server
 
+from tests.integration.robustness import LEDGER
+
 MODEL = "SmolLM2-135M-Instruct"
 READY_TIMEOUT_S = 300
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if summary := LEDGER.summary():
+        terminalreporter.write_sep("-", "robustness")
+        terminalreporter.write_line(summary)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

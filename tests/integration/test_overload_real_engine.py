@@ -16,6 +16,7 @@ from loadtest.prom import bucket_deltas
 from loadtest.server_process import ServerProcess, start_server
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S
+from tests.integration.robustness import LEDGER
 
 QUEUE_TIMEOUT_S = 4
 LIMITS = [
@@ -38,16 +39,11 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         process.stop()
 
 
-def tree_rss_mb(pid: int) -> float:
-    root = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
-
-
 def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_deadline(
     limited_server: ServerProcess,
 ) -> None:
     base = limited_server.base_url
-    rss_before = tree_rss_mb(limited_server.process.pid)
+    rss_before = limited_server.rss_mb()
     before = limited_server.scrape()
 
     async def one(client: httpx.AsyncClient, index: int) -> tuple[httpx.Response, float]:
@@ -62,6 +58,9 @@ def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_dead
             return await asyncio.gather(*(one(client, i) for i in range(40)))
 
     results = asyncio.run(burst())
+    for response, _ in results:
+        LEDGER.record("burst of 5x capacity (4 running + 4 waiting places)", response.status_code)
+    LEDGER.observe_rss(limited_server.rss_mb())
     admitted = [(r, t) for r, t in results if r.status_code == 200]
     refused = [(r, t) for r, t in results if r.status_code == 429]
     assert len(admitted) + len(refused) == 40, [r.status_code for r, _ in results]
@@ -84,7 +83,7 @@ def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_dead
         ).status_code
         == 200
     )
-    assert tree_rss_mb(limited_server.process.pid) - rss_before < 500, "memory stays bounded"
+    assert limited_server.rss_mb() - rss_before < 500, "memory stays bounded"
 
 
 def test_killed_engine_fails_in_flight_work_turns_health_503_and_exits_nonzero(
@@ -106,3 +105,5 @@ def test_killed_engine_fails_in_flight_work_turns_health_503_and_exits_nonzero(
     assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "engine_dead"
     code = limited_server.process.wait(timeout=60)
     assert code != 0, "a supervisor must see the failure and restart the server"
+    LEDGER.cases["engine process SIGKILLed mid-stream"] += 1
+    LEDGER.notes.append(f"engine killed mid-stream: SSE engine_dead + [DONE], server exit code {code}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -51,3 +52,31 @@ def test_bodies_within_the_limit_are_served() -> None:
     with make_client(parse_overrides([f"server.max_request_body_bytes={LIMIT}"])) as client:
         response = client.post("/v1/completions", json={"model": MODEL, "prompt": "a b", "max_tokens": 1})
         assert response.status_code == 200
+
+
+async def test_a_body_that_trickles_in_slower_than_the_read_timeout_is_408() -> None:
+    from llmserve.api.body_limit import BodyLimitsMiddleware
+
+    sent: list[dict[str, object]] = []
+    chunks = [b'{"model": ', b'"x", "pro']
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        while True:
+            message = await receive()  # type: ignore[operator]
+            if not message.get("more_body"):
+                break
+
+    async def slow_receive() -> dict[str, object]:
+        if chunks:
+            return {"type": "http.request", "body": chunks.pop(0), "more_body": True}
+        await asyncio.sleep(3600)  # the client stalls mid-body
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    middleware = BodyLimitsMiddleware(app, max_body_bytes=LIMIT, read_timeout_s=0.2)  # type: ignore[arg-type]
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "state": {}}
+    await asyncio.wait_for(middleware(scope, slow_receive, send), timeout=5)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["code"] == "body_read_timeout"  # type: ignore[arg-type]

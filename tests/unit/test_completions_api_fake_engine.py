@@ -225,12 +225,24 @@ def test_missing_model_field_is_400(client: TestClient) -> None:
         (b"\xff\xfe not utf8", "application/json"),
         (b"[1, 2, 3]", "application/json"),
         (b"", "application/json"),
-        (b"model=x", "application/x-www-form-urlencoded"),
+        (b'{"model": "x", "prompt": "a\\ud800b"}', "application/json"),
+        (b'{"model": "x", "prompt": "hi", "temperature": NaN}', "application/json"),
+        (b'{"model": "x", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "application/json"),
     ],
 )
 def test_malformed_bodies_are_400(client: TestClient, content: bytes, content_type: str) -> None:
     response = client.post("/v1/completions", content=content, headers={"content-type": content_type})
     assert_openai_error(response, 400)
+
+
+def test_a_body_declared_as_another_media_type_is_415_and_a_missing_type_means_json(
+    client: TestClient,
+) -> None:
+    body = b'{"model": "%s", "prompt": "hi", "max_tokens": 2}' % MODEL.encode()
+    form = client.post("/v1/completions", content=b"model=x", headers={"content-type": "text/plain"})
+    assert_openai_error(form, 415)
+    assert form.json()["error"]["code"] == "unsupported_media_type"
+    assert client.post("/v1/completions", content=body).status_code == 200
 
 
 def test_unknown_route_and_wrong_method_speak_openai_errors(client: TestClient) -> None:

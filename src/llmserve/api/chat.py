@@ -7,10 +7,11 @@ from fastapi.responses import Response
 
 from llmserve.api.deps import GatewayDep
 from llmserve.api.generation import ERROR_RESPONSES
+from llmserve.api.json_body import JsonBodyRoute
 from llmserve.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from llmserve.serving.chat import ChatService
 
-router = APIRouter(tags=["chat"])
+router = APIRouter(tags=["chat"], route_class=JsonBodyRoute)
 
 
 @router.post(

@@ -7,10 +7,11 @@ from fastapi.responses import Response
 
 from llmserve.api.deps import GatewayDep
 from llmserve.api.generation import ERROR_RESPONSES
+from llmserve.api.json_body import JsonBodyRoute
 from llmserve.protocol.completions import CompletionRequest, CompletionResponse
 from llmserve.serving.completions import CompletionService
 
-router = APIRouter(tags=["completions"])
+router = APIRouter(tags=["completions"], route_class=JsonBodyRoute)
 
 
 @router.post(

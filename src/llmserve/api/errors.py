@@ -28,6 +28,7 @@ from llmserve.serving.generation import PromptOverLimitError
 
 logger = logging.getLogger(__name__)
 TOO_LARGE_CODE = "request_too_large"
+BODY_TIMEOUT_CODE = "body_read_timeout"
 
 
 class APIError(Exception):
@@ -130,12 +131,18 @@ def to_api_error(exc: BaseException) -> APIError:
     )
 
 
+# Fields whose value is a mapping with client-chosen keys.
+MAPPING_FIELDS = frozenset({"logit_bias"})
+
+
 def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
     """A readable message and the offending parameter from pydantic's error list."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return "The request body is not valid JSON.", None
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if location and location[0] in MAPPING_FIELDS:
+        location = location[:1]  # the rest is the client's own keys
     # Union members add their type name to the location; keep only the field path.
     param = ".".join(part for part in location if not _is_type_tag(part)) or None
     message = str(first.get("msg", "invalid request"))
@@ -147,12 +154,14 @@ def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
 
 
 def _is_type_tag(part: str) -> bool:
-    return part in {"str", "int", "float", "bool"} or part.startswith(("list[", "dict[", "function-"))
+    tags = ("list[", "dict[", "function-", "constrained-")
+    return part in {"str", "int", "float", "bool"} or part.startswith(tags)
 
 
 # Errors that are refusals for load, policy or time are also counted as rejections, by reason.
 REJECTION_REASON_OF_CODE = {
     TOO_LARGE_CODE: "too_large",
+    BODY_TIMEOUT_CODE: "timeout",
     "draining": "draining",
     "overloaded": "overloaded",
     "rate_limit_exceeded": "rate_limited",
@@ -187,7 +196,9 @@ async def _validation_error_handler(request: Request, exc: Exception) -> Respons
 async def _http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    code = {404: "not_found", 405: "method_not_allowed", 413: TOO_LARGE_CODE}.get(exc.status_code)
+    code = {404: "not_found", 405: "method_not_allowed", 408: BODY_TIMEOUT_CODE, 413: TOO_LARGE_CODE}.get(
+        exc.status_code
+    )
     error = APIError(
         str(exc.detail), status_code=exc.status_code, error_type=error_type, code=code, headers=exc.headers
     )

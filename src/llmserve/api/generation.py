@@ -25,12 +25,12 @@ from llmserve.api.errors import (
     to_api_error,
 )
 from llmserve.api.observability import observation_of
+from llmserve.api.openapi import error_responses
 from llmserve.api.rate_limits import RateLimiter, TokenReservation
 from llmserve.config import Config
 from llmserve.deadlines import DeadlineBook, ExpiryReason, RequestDeadline
 from llmserve.engine.base import EngineClient
 from llmserve.metrics import RequestObservation
-from llmserve.protocol.common import ErrorResponse
 from llmserve.protocol.sampling import SamplingFields
 from llmserve.serving.generation import GenerationObserver
 from llmserve.serving.streaming import DONE_EVENT, sse_event
@@ -39,9 +39,7 @@ logger = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-request-id"
 CLIENT_CLOSED_REQUEST = 499
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503, 504)
-}
+ERROR_RESPONSES = error_responses(400, 401, 404, 408, 413, 415, 429, 500, 503, 504)
 
 
 def timeout_for(config: Config, requested_s: float | None) -> float:

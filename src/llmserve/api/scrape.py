@@ -6,12 +6,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from llmserve.api.openapi import error_responses
 from llmserve.metrics import GatewayMetrics
 
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}, **error_responses(401)},
+)
 async def metrics(request: Request) -> Response:
     gateway: GatewayMetrics = request.app.state.metrics
     # vLLM's stat logger registers its `vllm:*` series in the process-wide default registry.

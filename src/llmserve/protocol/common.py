@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class OpenAIBaseModel(BaseModel):
     """Requests accept unknown fields (OpenAI clients send new ones all the time); they are logged."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     @property
     def unknown_fields(self) -> list[str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from llmserve.protocol.common import ResponseModel, UsageInfo
 from llmserve.protocol.sampling import (
@@ -14,7 +14,15 @@ from llmserve.protocol.sampling import (
     UnsupportedParameterError,
 )
 
-PromptInput = str | list[str] | list[TokenId] | list[list[TokenId]]
+# Non-empty at every level, so /openapi.json admits no prompt the server must refuse as empty.
+PromptText = Annotated[str, StringConstraints(min_length=1)]
+PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
+PromptInput = (
+    PromptText
+    | Annotated[list[PromptText], Field(min_length=1)]
+    | PromptTokens
+    | Annotated[list[PromptTokens], Field(min_length=1)]
+)
 
 
 class CompletionRequest(SamplingFields):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, StringConstraints
 
 from llmserve.engine.base import SamplingSpec, StructuredOutput
 from llmserve.protocol.common import OpenAIBaseModel, StreamOptions
@@ -17,6 +17,10 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
 TokenId = Annotated[int, Field(ge=0)]
+# Declared as types (not only validators) so /openapi.json tells clients and fuzzers the truth.
+StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
+TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class UnsupportedParameterError(ValueError):
@@ -44,38 +48,16 @@ class SamplingFields(OpenAIBaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
-    stop: str | list[str] | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_ENTRIES)
+    logit_bias: dict[TokenIdKey, Bias] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # llmserve extension: finish within this many seconds (capped by server.request_timeout_s).
     timeout: float | None = Field(default=None, gt=0)
-
-    @field_validator("stop")
-    @classmethod
-    def _bounded_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
-        if any(len(stop) > MAX_STOP_SEQUENCE_CHARS for stop in stops):
-            raise ValueError(f"a stop sequence may be at most {MAX_STOP_SEQUENCE_CHARS} characters")
-        if any(stop == "" for stop in stops):
-            raise ValueError("stop sequences must not be empty")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_keys_are_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"keys must be token ids, got {key!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"bias for token {key} must be between -100 and 100")
-        return value
 
     @property
     def include_usage_chunk(self) -> bool:

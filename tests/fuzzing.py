@@ -1,0 +1,154 @@
+"""Schema fuzzing of a running server from its own /openapi.json, with schemathesis.
+
+For every operation, hypothesis generates schema-valid (positive) and schema-violating (negative)
+requests. Each response must: not be a 5xx; have a status the schema documents, the documented
+content type and a body matching the documented schema; reject schema-violating data; and carry
+an OpenAI error body when it is a 4xx. Schema-valid requests the server refuses on semantic
+grounds (a prompt longer than the context, an unknown model name) are counted, not failed.
+
+Generation is bounded so hundreds of cases fit in minutes on a CPU: schema-valid requests get
+at most MAX_NEW_TOKENS new tokens and n <= 2, and a client `timeout` is raised to 30 s (a
+deadline the client asks for is answered with 504 by design). Abusive values of those fields
+are covered by tests/integration/test_abuse_real_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+MAX_NEW_TOKENS = 4
+MIN_CLIENT_TIMEOUT_S = 30.0
+EXAMPLES_ENV = "LLMSERVE_FUZZ_EXAMPLES"
+
+
+@dataclass
+class FuzzReport:
+    cases: Counter[tuple[str, str]] = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
+    schema_valid_refused: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    refusal_examples: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def server_errors(self) -> int:
+        return sum(count for status, count in self.statuses.items() if status >= 500)
+
+    def summary(self) -> str:
+        lines = ["schema fuzzing (schemathesis, from /openapi.json):"]
+        lines += [
+            f"  {operation} [{mode}]: {count} cases"
+            for (operation, mode), count in sorted(self.cases.items())
+        ]
+        lines.append(
+            "  responses by status: " + ", ".join(f"{s}: {n}" for s, n in sorted(self.statuses.items()))
+        )
+        lines.append(f"  5xx responses: {self.server_errors}")
+        refused = ", ".join(f"{code}: {n}" for code, n in self.schema_valid_refused.most_common())
+        lines.append(f"  schema-valid requests refused on semantic grounds: {refused or 'none'}")
+        lines.append(f"  failed checks: {len(self.failures)}")
+        lines += [f"    {failure}" for failure in self.failures[:20]]
+        return "\n".join(lines)
+
+
+def examples_per_operation(default: int) -> int:
+    return int(os.environ.get(EXAMPLES_ENV, default))
+
+
+def openai_error_problem(response: Any) -> str | None:
+    """None when a 4xx body is {"error": {"message": str, "type": str, ...}}."""
+    try:
+        body = json.loads(response.content or b"")
+    except ValueError:
+        return f"{response.status_code} body is not JSON: {response.content[:120]!r}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str) or not error.get("type"):
+        return f"{response.status_code} body is not an OpenAI error: {str(body)[:160]}"
+    return None
+
+
+def bound_generation(body: Any) -> Any:
+    if not isinstance(body, dict):
+        return body
+    bounded = dict(body)
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = bounded.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW_TOKENS:
+            bounded[key] = MAX_NEW_TOKENS
+    if bounded.get("max_tokens") is None and bounded.get("max_completion_tokens") is None:
+        bounded["max_tokens"] = MAX_NEW_TOKENS
+    n = bounded.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 2:
+        bounded["n"] = 2
+    timeout = bounded.get("timeout")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout < MIN_CLIENT_TIMEOUT_S:
+        bounded["timeout"] = MIN_CLIENT_TIMEOUT_S
+    return bounded
+
+
+def fuzz(base_url: str, examples: int, request_timeout_s: float = 120) -> FuzzReport:
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    report = FuzzReport()
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            _fuzz_operation(operation, mode, base_url, examples, request_timeout_s, report)
+    return report
+
+
+def _fuzz_operation(
+    operation: Any, mode: GenerationMode, base_url: str, examples: int, timeout_s: float, report: FuzzReport
+) -> None:
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def run(case: Any) -> None:
+        if mode is GenerationMode.POSITIVE and case.body is not None:
+            case.body = bound_generation(case.body)
+        response = case.call(base_url=base_url, timeout=timeout_s)
+        report.cases[(operation.label, mode.value)] += 1
+        report.statuses[response.status_code] += 1
+        problems = []
+        try:
+            case.validate_response(response, checks=CHECKS)
+        except Exception as exc:  # schemathesis raises a group of check failures
+            problems.append(
+                str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+            )
+        if 400 <= response.status_code < 500:
+            if (problem := openai_error_problem(response)) is not None:
+                problems.append(problem)
+            elif mode is GenerationMode.POSITIVE:
+                error = json.loads(response.content)["error"]
+                report.schema_valid_refused[f"{error.get('code')} ({error.get('param')})"] += 1
+                report.refusal_examples.setdefault(
+                    f"{error.get('code')} ({error.get('param')})", str(error.get("message"))[:160]
+                )
+        for problem in problems:
+            report.failures.append(f"{operation.label} [{mode.value}] {response.status_code}: {problem}")
+
+    try:
+        run()
+    except Unsatisfiable:  # nothing to violate: a GET without parameters has no negative cases
+        report.cases[(operation.label, mode.value)] += 0

@@ -1,0 +1,69 @@
+"""Schema fuzzing of the real server from its own /openapi.json (schemathesis; see tests/fuzzing.py).
+
+`make test` tries FUZZ_EXAMPLES cases per operation and mode (a few hundred in all); `make fuzz`
+sets LLMSERVE_FUZZ_EXAMPLES for thousands.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from loadtest.server_process import ServerProcess
+
+from tests.fuzzing import examples_per_operation, fuzz
+from tests.integration.robustness import LEDGER
+
+FUZZ_EXAMPLES = 100
+
+
+def engine_requests(server: ServerProcess) -> float:
+    scrape = server.scrape()
+    return scrape.value("vllm:num_requests_running") + scrape.value("vllm:num_requests_waiting")
+
+
+def test_openapi_describes_every_route_and_documents_openai_errors(server: ServerProcess) -> None:
+    spec = httpx.get(f"{server.base_url}/openapi.json").json()
+    paths = spec["paths"]
+    routes = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"}
+    assert set(paths) == routes
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        operation = paths[route]["post"]
+        assert "422" not in operation["responses"], "validation errors are 400 here, not FastAPI's 422"
+        for status in ("400", "401", "404", "408", "413", "415", "429", "500", "503", "504"):
+            schema = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (route, status)
+    assert "503" in paths["/ready"]["get"]["responses"]
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    model = spec["components"]["schemas"]["CompletionRequest"]["properties"]["model"]
+    assert model["enum"] == ["SmolLM2-135M-Instruct"]
+
+
+def test_schema_fuzzing_finds_no_5xx_and_only_openai_errors(server: ServerProcess) -> None:
+    rss_before = server.rss_mb()
+    started = time.monotonic()
+    report = fuzz(server.base_url, examples_per_operation(FUZZ_EXAMPLES))
+    elapsed = time.monotonic() - started
+    print(f"\n{report.summary()}\n  ({elapsed:.0f} s)")
+    for (operation, mode), count in report.cases.items():
+        LEDGER.cases[f"schema fuzzing {operation} [{mode}]"] += count
+    LEDGER.statuses.update(report.statuses)
+    refused = ", ".join(f"{code}: {n}" for code, n in report.schema_valid_refused.most_common(6))
+    total = sum(report.cases.values())
+    LEDGER.notes.append(f"schema fuzzing: {total} cases in {elapsed:.0f} s; schema-valid requests "
+                        f"refused on semantic grounds: {refused or 'none'}")  # fmt: skip
+    LEDGER.observe_rss(server.rss_mb())
+    assert report.server_errors == 0, report.summary()
+    assert report.failures == [], report.summary()
+    assert sum(report.cases.values()) >= 4 * min(FUZZ_EXAMPLES, examples_per_operation(FUZZ_EXAMPLES))
+
+    # Healthy afterwards: nothing left running in the engine, and a normal request works.
+    deadline = time.monotonic() + 30
+    while engine_requests(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    LEDGER.orphaned_engine_requests = max(LEDGER.orphaned_engine_requests, int(engine_requests(server)))
+    assert engine_requests(server) == 0
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "The capital of France is", "max_tokens": 2}
+    assert httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).status_code == 200
+    assert server.rss_mb() - rss_before < 500, "fuzzing does not leak memory"
