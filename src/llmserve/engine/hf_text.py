@@ -49,3 +49,20 @@ class TextCodec:
             ) from exc
         # The template writes the special tokens itself.
         return TokenizedPrompt(token_ids=await self._encode(text, add_special_tokens=False), text=text)
+
+
+class HfTextEngine:
+    """The text half of the EngineClient protocol, for engines that tokenize with `self._text`."""
+
+    _text: TextCodec
+
+    async def tokenize(self, text: str) -> TokenizedPrompt:
+        return await self._text.tokenize(text)
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        return await self._text.detokenize(token_ids)
+
+    async def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
+    ) -> TokenizedPrompt:
+        return await self._text.render_chat(messages, add_generation_prompt, continue_final_message)

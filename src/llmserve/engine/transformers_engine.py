@@ -13,13 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmserve.engine.base import (
-    ChatMessage,
     EngineDeadError,
     GenerationDelta,
     InvalidRequestError,
@@ -28,7 +27,7 @@ from llmserve.engine.base import (
     TokenizedPrompt,
 )
 from llmserve.engine.dtype import resolve_dtype
-from llmserve.engine.hf_text import TextCodec
+from llmserve.engine.hf_text import HfTextEngine, TextCodec
 from llmserve.engine.model_store import check_model_dir
 from llmserve.engine_config import EngineConfig
 
@@ -84,7 +83,7 @@ def check_supported(sampling: SamplingSpec) -> None:
             raise InvalidRequestError(f"{param} is not supported by the transformers baseline engine", param)
 
 
-class TransformersEngine:
+class TransformersEngine(HfTextEngine):
     """Create with `start_transformers_engine`."""
 
     def __init__(self, model: Any, tokenizer: Any, config: EngineConfig) -> None:
@@ -106,17 +105,6 @@ class TransformersEngine:
     @property
     def is_dead(self) -> bool:
         return self._failed is not None
-
-    async def tokenize(self, text: str) -> TokenizedPrompt:
-        return await self._text.tokenize(text)
-
-    async def detokenize(self, token_ids: Sequence[int]) -> str:
-        return await self._text.detokenize(token_ids)
-
-    async def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
-    ) -> TokenizedPrompt:
-        return await self._text.render_chat(messages, add_generation_prompt, continue_final_message)
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str

@@ -11,7 +11,6 @@ from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from llmserve.engine.base import (
-    ChatMessage,
     EngineDeadError,
     EngineError,
     GenerationDelta,
@@ -23,7 +22,7 @@ from llmserve.engine.base import (
     TokenLogprob,
 )
 from llmserve.engine.dtype import resolve_dtype
-from llmserve.engine.hf_text import TextCodec
+from llmserve.engine.hf_text import HfTextEngine, TextCodec
 from llmserve.engine.model_fit import check_model_fit
 from llmserve.engine.model_store import check_model_dir
 from llmserve.engine_config import EngineConfig, SpeculativeConfig
@@ -159,7 +158,7 @@ def _convert_prompt_logprobs(
     ]
 
 
-class VllmEngine:
+class VllmEngine(HfTextEngine):
     """A started AsyncLLM; create it with `start_vllm_engine`."""
 
     def __init__(self, llm: AsyncLLM) -> None:
@@ -188,17 +187,6 @@ class VllmEngine:
     @property
     def is_dead(self) -> bool:
         return self._llm_or_none is None or bool(self._llm_or_none.errored)
-
-    async def tokenize(self, text: str) -> TokenizedPrompt:
-        return await self._text.tokenize(text)
-
-    async def detokenize(self, token_ids: Sequence[int]) -> str:
-        return await self._text.detokenize(token_ids)
-
-    async def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
-    ) -> TokenizedPrompt:
-        return await self._text.render_chat(messages, add_generation_prompt, continue_final_message)
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
