@@ -19,14 +19,14 @@ MAX_MESSAGES = 1024
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     type: str
     text: str | None = None
 
 
 class ChatMessageParam(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
@@ -58,7 +58,7 @@ class ChatMessageParam(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
 
     name: str = Field(default="response", max_length=64)
     description: str | None = None
@@ -67,6 +67,8 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 

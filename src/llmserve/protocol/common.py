@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class OpenAIBaseModel(BaseModel):
-    """Requests accept unknown fields (OpenAI clients send new ones all the time); they are logged."""
+    """Requests accept unknown fields (OpenAI clients send new ones all the time); they are logged.
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    Strict: a value must have the JSON type /openapi.json declares (`true` is not 1, "2" is not 2)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     @property
     def unknown_fields(self) -> list[str]:
@@ -23,7 +25,7 @@ class ResponseModel(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool = False
 
