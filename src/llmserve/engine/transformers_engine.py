@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 BATCH_WINDOW_S = 0.02
 # Sampling settings one `generate()` call applies to the whole batch.
-BatchKey = tuple[float, float, int, bool, int | None]
+BatchKey = tuple[float, float, int, float, bool, int | None]
 
 
 @dataclass
@@ -49,7 +49,7 @@ class _Pending:
     @property
     def batch_key(self) -> BatchKey:
         s = self.sampling
-        return (s.temperature, s.top_p, s.top_k, s.ignore_eos, s.seed)
+        return (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.ignore_eos, s.seed)
 
 
 @dataclass
