@@ -126,13 +126,13 @@ def ceiling_line(ceiling: dict[str, Any] | None, targets: SloTargets) -> list[st
 
 def main_run(
     args: argparse.Namespace, targets: SloTargets, out: Path, url: str
-) -> tuple[bool, dict[str, Any]]:
+) -> tuple[list[Check], dict[str, Any]]:
     run = LocustRun(args.users, args.spawn_rate, args.duration, args.weights, args.max_tokens,
                     args.prompt_words, args.seed)  # fmt: skip
     summary = run_locust(url, run, out / "run")
     checks = evaluate(summary, targets)
     plot_history(out / "run_stats_history.csv", out / "run_over_time.png")
-    return passed(checks), {"summary": summary, "checks": [c.__dict__ for c in checks], "_checks": checks}
+    return checks, {"summary": summary, "checks": [c.__dict__ for c in checks]}
 
 
 def sweep(args: argparse.Namespace, targets: SloTargets, out: Path, url: str) -> dict[str, Any]:
@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode in ("run", "sweep", "all"):
         with llmserve(args.url, args.config, out) as url:
             if args.mode in ("run", "all"):
-                ok, result = main_run(args, targets, out, url)
-                checks = result.pop("_checks")
+                checks, result = main_run(args, targets, out, url)
+                ok = passed(checks)
                 report["run"] = result
                 lines.append(verdict_table(checks, targets, machine, ceiling_line(ceiling, targets)))
                 for name, row in result["summary"]["stream_metrics"].items():

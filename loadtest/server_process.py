@@ -61,6 +61,18 @@ class ServerProcess:
             time.sleep(0.5)
         raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()[-4000:]}")
 
+    def engine_requests(self) -> int:
+        """Requests vLLM holds (running or waiting), from its own gauges."""
+        scrape = self.scrape()
+        return int(scrape.value("vllm:num_requests_running") + scrape.value("vllm:num_requests_waiting"))
+
+    def wait_engine_idle(self, timeout_s: float) -> int:
+        """Wait until vLLM holds no request, or the timeout; return how many it still holds."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.engine_requests()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
     def rss_mb(self) -> float:
         return tree_rss_bytes(self.process.pid) / 2**20
 

@@ -102,7 +102,8 @@ def cap_new_tokens(body: Any) -> Any:
     for key in ("max_tokens", "max_completion_tokens"):
         if _is_int(capped.get(key)) and capped[key] > MAX_NEW_TOKENS:
             capped[key] = MAX_NEW_TOKENS
-    if "max_tokens" not in capped and "max_completion_tokens" not in capped:
+    # null is schema-valid, so filling it in cannot hide a violation
+    if capped.get("max_tokens") is None and capped.get("max_completion_tokens") is None:
         capped["max_tokens"] = MAX_NEW_TOKENS
     return capped
 
@@ -112,8 +113,6 @@ def bound_generation(body: Any) -> Any:
     bounded = cap_new_tokens(body)
     if not isinstance(bounded, dict):
         return bounded
-    if bounded.get("max_tokens") is None and bounded.get("max_completion_tokens") is None:
-        bounded["max_tokens"] = MAX_NEW_TOKENS
     if _is_int(bounded.get("n")) and bounded["n"] > 2:
         bounded["n"] = 2
     timeout = bounded.get("timeout")
