@@ -81,10 +81,12 @@ LOADTEST_ARGS ?=
 loadtest: model
 	$(PY) -m loadtest.run_loadtest all --slo $(SLO) --out results/loadtest $(if $(filter command line,$(origin URL)),--url $(URL)) $(LOADTEST_ARGS)
 
-# The schema fuzzing of `make test`, longer: FUZZ_EXAMPLES cases per operation and mode.
+# The schema fuzzing of `make test`, longer: FUZZ_EXAMPLES cases per operation and mode, with a
+# new seed each run unless FUZZ_SEED=<the printed seed> replays one.
 FUZZ_EXAMPLES ?= 1000
+FUZZ_SEED ?= random
 fuzz: model
-	LLMSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/integration/test_fuzz_real_engine.py -s -p no:cacheprovider --timeout 7200
+	LLMSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) LLMSERVE_FUZZ_SEED=$(FUZZ_SEED) $(PY) -m pytest tests/integration/test_fuzz_real_engine.py -s -p no:cacheprovider --timeout 7200
 
 check-config: venv
 	$(LLMSERVE) check-config --config $(CONFIG)

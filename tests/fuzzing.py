@@ -11,18 +11,22 @@ MAX_NEW_TOKENS new tokens (unless max_tokens is what violates the schema); schem
 also n <= 2 and a client `timeout` of at least 30 s (a deadline the client asks for is
 answered with 504 by design). Abusive values of those fields
 are covered by tests/integration/test_abuse_real_engine.py.
+
+Generation is seeded: `make test` uses a fixed seed, so CI tries the same cases every run;
+`make fuzz` draws a new seed each run and prints it, and LLMSERVE_FUZZ_SEED replays a run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
@@ -43,10 +47,12 @@ CHECKS = [
 MAX_NEW_TOKENS = 4
 MIN_CLIENT_TIMEOUT_S = 30.0
 EXAMPLES_ENV = "LLMSERVE_FUZZ_EXAMPLES"
+SEED_ENV = "LLMSERVE_FUZZ_SEED"
 
 
 @dataclass
 class FuzzReport:
+    seed: int
     cases: Counter[tuple[str, str]] = field(default_factory=Counter)
     statuses: Counter[int] = field(default_factory=Counter)
     schema_valid_refused: Counter[str] = field(default_factory=Counter)
@@ -58,7 +64,7 @@ class FuzzReport:
         return sum(count for status, count in self.statuses.items() if status >= 500)
 
     def summary(self) -> str:
-        lines = ["schema fuzzing (schemathesis, from /openapi.json):"]
+        lines = [f"schema fuzzing (schemathesis, from /openapi.json, {SEED_ENV}={self.seed}):"]
         lines += [
             f"  {operation} [{mode}]: {count} cases"
             for (operation, mode), count in sorted(self.cases.items())
@@ -76,6 +82,14 @@ class FuzzReport:
 
 def examples_per_operation(default: int) -> int:
     return int(os.environ.get(EXAMPLES_ENV, default))
+
+
+def fuzz_seed(default: int) -> int:
+    """The seed from the environment: a number, `random` for a fresh one, unset for `default`."""
+    value = os.environ.get(SEED_ENV, "").strip()
+    if value == "random":
+        return random.SystemRandom().randrange(2**32)
+    return int(value) if value else default
 
 
 def openai_error_problem(response: Any) -> str | None:
@@ -121,9 +135,9 @@ def bound_generation(body: Any) -> Any:
     return bounded
 
 
-def fuzz(base_url: str, examples: int, request_timeout_s: float = 120) -> FuzzReport:
+def fuzz(base_url: str, examples: int, fuzz_seed: int, request_timeout_s: float = 120) -> FuzzReport:
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
-    report = FuzzReport()
+    report = FuzzReport(seed=fuzz_seed)
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
@@ -134,6 +148,7 @@ def fuzz(base_url: str, examples: int, request_timeout_s: float = 120) -> FuzzRe
 def _fuzz_operation(
     operation: Any, mode: GenerationMode, base_url: str, examples: int, timeout_s: float, report: FuzzReport
 ) -> None:
+    @seed(report.seed)
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def run(case: Any) -> None:

@@ -1,7 +1,7 @@
 """Schema fuzzing of the real server from its own /openapi.json (schemathesis; see tests/fuzzing.py).
 
 `make test` tries FUZZ_EXAMPLES cases per operation and mode (a few hundred in all); `make fuzz`
-sets LLMSERVE_FUZZ_EXAMPLES for thousands.
+sets LLMSERVE_FUZZ_EXAMPLES for thousands, and a fresh LLMSERVE_FUZZ_SEED (printed) each run.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import time
 import httpx
 from loadtest.server_process import ServerProcess
 
-from tests.fuzzing import examples_per_operation, fuzz
+from tests.fuzzing import examples_per_operation, fuzz, fuzz_seed
 from tests.integration.robustness import LEDGER
 
 FUZZ_EXAMPLES = 100
+FUZZ_SEED = 20261129
 
 
 def test_openapi_describes_every_route_and_documents_openai_errors(server: ServerProcess) -> None:
@@ -37,7 +38,7 @@ def test_openapi_describes_every_route_and_documents_openai_errors(server: Serve
 def test_schema_fuzzing_finds_no_5xx_and_only_openai_errors(server: ServerProcess) -> None:
     rss_before = server.rss_mb()
     started = time.monotonic()
-    report = fuzz(server.base_url, examples_per_operation(FUZZ_EXAMPLES))
+    report = fuzz(server.base_url, examples_per_operation(FUZZ_EXAMPLES), fuzz_seed(FUZZ_SEED))
     elapsed = time.monotonic() - started
     print(f"\n{report.summary()}\n  ({elapsed:.0f} s)")
     for (operation, mode), count in report.cases.items():
@@ -45,8 +46,10 @@ def test_schema_fuzzing_finds_no_5xx_and_only_openai_errors(server: ServerProces
     LEDGER.statuses.update(report.statuses)
     refused = ", ".join(f"{code}: {n}" for code, n in report.schema_valid_refused.most_common(6))
     total = sum(report.cases.values())
-    LEDGER.notes.append(f"schema fuzzing: {total} cases in {elapsed:.0f} s; schema-valid requests "
-                        f"refused on semantic grounds: {refused or 'none'}")  # fmt: skip
+    LEDGER.notes.append(
+        f"schema fuzzing (seed {report.seed}): {total} cases in {elapsed:.0f} s; "
+        f"schema-valid requests refused on semantic grounds: {refused or 'none'}"
+    )
     LEDGER.observe_rss(server.rss_mb())
     assert report.server_errors == 0, report.summary()
     assert report.failures == [], report.summary()
