@@ -31,7 +31,8 @@ class RobustnessLedger:
         five_xx = sum(n for s, n in self.statuses.items() if s >= 500)
         lines.append(f"  5xx responses: {five_xx}")
         lines.append(f"  orphaned engine requests (disconnects, fuzzing): {self.orphaned_engine_requests}")
-        lines.append(f"  peak server RSS (process tree): {self.peak_rss_mb:.0f} MiB")
+        if self.peak_rss_mb:  # measured by the fuzzing and burst tests only
+            lines.append(f"  peak server RSS (process tree): {self.peak_rss_mb:.0f} MiB")
         lines += [f"  {note}" for note in self.notes]
         return "\n".join(lines)
 

@@ -116,8 +116,10 @@ def test_sigterm_drains_in_flight_streams_refuses_new_work_and_exits_0(drain_ser
         reader.start()
         assert reader.first_event.wait(60)
     drain_server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    assert httpx.get(f"{drain_server.base_url}/ready").status_code == 503
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{drain_server.base_url}/ready").status_code != 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{drain_server.base_url}/ready").status_code == 503, "out of the load balancer at once"
     refused = httpx.post(
         url, json={**LONG, "max_tokens": 2}, headers={"Authorization": f"Bearer {KEYS['drain']}"}, timeout=10
     )
