@@ -65,7 +65,7 @@ KEYS = {"rate": "sk-rate-limited", "drain": "sk-drain"}
 def drain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server of its own, with API keys and per-key limits on; the drain test ends its life."""
     log = Path(tmp_path_factory.mktemp("drain")) / "server.log"
-    limits = ["server.shutdown_timeout_s=8", "auth.requests_per_minute=6", "auth.tokens_per_minute=1600"]
+    limits = ["server.shutdown_timeout_s=15", "auth.requests_per_minute=6", "auth.tokens_per_minute=1600"]
     process = start_server(
         log,
         *[arg for limit in limits for arg in ("--set", limit)],
@@ -110,8 +110,8 @@ def test_api_keys_and_per_key_token_and_request_limits(drain_server: ServerProce
 
 def test_sigterm_drains_in_flight_streams_refuses_new_work_and_exits_0(drain_server: ServerProcess) -> None:
     url = f"{drain_server.base_url}/v1/completions"
-    short = StreamReader(url, {**LONG, "max_tokens": 24}, KEYS["drain"])
-    long = StreamReader(url, LONG, KEYS["drain"])
+    short = StreamReader(url, {**LONG, "max_tokens": 12}, KEYS["drain"])
+    long = StreamReader(url, LONG, KEYS["drain"])  # outlives the 15 s deadline
     for reader in (short, long):
         reader.start()
         assert reader.first_event.wait(60)
