@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import openai
 import pytest
@@ -13,6 +15,18 @@ from tests.integration.robustness import LEDGER
 
 MODEL = "SmolLM2-135M-Instruct"
 READY_TIMEOUT_S = 300
+T = TypeVar("T")
+
+
+def eventually(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.1) -> T:
+    """Poll until `condition()` is truthy or the timeout passes; return its last value.
+
+    For what the server does asynchronously: vLLM's gauges follow its steps, and a signal or a
+    disconnect is handled on the server's own event loop."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    return value
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -11,7 +11,7 @@ import openai
 import pytest
 from loadtest.server_process import REPO, ServerProcess
 
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import MODEL, eventually
 
 GREEDY = {"temperature": 0.0}
 
@@ -128,14 +128,6 @@ def assert_engine_idle(server: ServerProcess, timeout_s: float = 10) -> None:
     assert server.wait_engine_idle(timeout_s) == 0, "the engine still has requests after the client left"
 
 
-def wait_engine_busy(server: ServerProcess, timeout_s: float = 10) -> int:
-    """vLLM's gauges follow its steps, so a scrape may lag the tokens a client has already read."""
-    deadline = time.monotonic() + timeout_s
-    while not (held := server.engine_requests()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return held
-
-
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server: ServerProcess) -> None:
     assert_engine_idle(server)
     with httpx.stream(
@@ -144,7 +136,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server: ServerPr
         for index, _ in enumerate(response.iter_lines()):
             if index >= 6:
                 break
-        assert wait_engine_busy(server) == 1
+        assert eventually(server.engine_requests, timeout_s=10) == 1
     assert_engine_idle(server)
     tokens_after_abort = server.metric("vllm:generation_tokens_total")
     time.sleep(1.0)

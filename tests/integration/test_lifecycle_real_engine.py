@@ -13,7 +13,7 @@ import httpx
 import pytest
 from loadtest.server_process import ServerProcess, start_server
 
-from tests.integration.conftest import MODEL, READY_TIMEOUT_S
+from tests.integration.conftest import MODEL, READY_TIMEOUT_S, eventually
 from tests.integration.test_metrics_real_engine import wait_idle
 
 LONG = {"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
@@ -116,10 +116,8 @@ def test_sigterm_drains_in_flight_streams_refuses_new_work_and_exits_0(drain_ser
         reader.start()
         assert reader.first_event.wait(60)
     drain_server.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while httpx.get(f"{drain_server.base_url}/ready").status_code != 503 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert httpx.get(f"{drain_server.base_url}/ready").status_code == 503, "out of the load balancer at once"
+    ready = f"{drain_server.base_url}/ready"
+    assert eventually(lambda: httpx.get(ready).status_code == 503, timeout_s=5), "out of the load balancer"
     refused = httpx.post(
         url, json={**LONG, "max_tokens": 2}, headers={"Authorization": f"Bearer {KEYS['drain']}"}, timeout=10
     )

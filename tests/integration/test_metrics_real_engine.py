@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 from loadtest.prom import delta
 from loadtest.server_process import ServerProcess
 
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import MODEL, eventually
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -17,17 +15,14 @@ GREEDY = {"temperature": 0.0}
 
 
 def wait_idle(server: ServerProcess, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Until neither vLLM nor the gateway holds a request."""
+
+    def idle() -> bool:
         scrape = server.scrape()
-        if (
-            scrape.value("vllm:num_requests_running") == 0
-            and scrape.value("vllm:num_requests_waiting") == 0
-            and scrape.value("llmserve_requests_in_flight") == 0
-        ):
-            return
-        time.sleep(0.1)
-    raise AssertionError("server not idle")
+        held = ("vllm:num_requests_running", "vllm:num_requests_waiting", "llmserve_requests_in_flight")
+        return all(scrape.value(name) == 0 for name in held)
+
+    assert eventually(idle, timeout_s), "server not idle"
 
 
 def test_vllm_engine_series_are_exposed_beside_the_gateway_series(server: ServerProcess) -> None:
