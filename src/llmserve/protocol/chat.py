@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmserve.engine.base import ChatMessage, StructuredOutput
-from llmserve.protocol.common import ResponseModel, UsageInfo
+from llmserve.protocol.common import OpenAIBaseModel, ResponseModel, UsageInfo
 from llmserve.protocol.sampling import (
     MAX_LOGPROBS,
     InvalidParameterError,
@@ -18,16 +18,12 @@ from llmserve.protocol.sampling import (
 MAX_MESSAGES = 1024
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class ContentPart(OpenAIBaseModel):
     type: str
     text: str | None = None
 
 
-class ChatMessageParam(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class ChatMessageParam(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -57,8 +53,8 @@ class ChatMessageParam(BaseModel):
         return ChatMessage(role=role, content=text)
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
+class JsonSchemaFormat(OpenAIBaseModel):
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = Field(default="response", max_length=64)
     description: str | None = None

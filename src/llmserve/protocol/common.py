@@ -24,9 +24,7 @@ class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
