@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# Locust's row for a streamed response timed to its headers only; left out of summaries and plots.
+STREAM_HEADERS_NAME = "/v1/completions stream: headers only"
 USER_CLASS_NAMES = {"completion": "CompletionUser", "stream": "StreamingCompletionUser", "chat": "ChatUser"}
 
 

@@ -22,13 +22,12 @@ from locust import FastHttpUser, between, events, task
 from locust.env import Environment
 from locust.stats import RequestStats, StatsEntry
 
-from loadtest.locust_options import USER_CLASS_NAMES, parse_weights
+from loadtest.locust_options import STREAM_HEADERS_NAME, USER_CLASS_NAMES, parse_weights
 from loadtest.workload import seeded_prompt
 
 MODEL = os.environ.get("LLMSERVE_MODEL", "SmolLM2-135M-Instruct")
 STREAM_METRICS = ("TTFT", "TPOT")
 STREAM_NAME = "/v1/completions stream"
-STREAM_HEADERS_NAME = "/v1/completions stream: headers only"
 _user_ids = itertools.count()
 
 

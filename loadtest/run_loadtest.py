@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.engine_bench import machine_description
+from loadtest.locust_options import STREAM_HEADERS_NAME
 from loadtest.server_process import REPO, free_port, start_server
 from loadtest.slo import Check, SloTargets, evaluate, highest_passing, load_slo, passed, verdict_table
 
@@ -174,7 +175,7 @@ def plot_history(history_csv: Path, png: Path) -> None:
         return
     start = float(rows[0]["Timestamp"])
     for row in rows:
-        if row["Name"] == "Aggregated" or row["Name"].endswith("headers only") or row["50%"] in ("N/A", ""):
+        if row["Name"] in ("Aggregated", STREAM_HEADERS_NAME) or row["50%"] in ("N/A", ""):
             continue
         t = float(row["Timestamp"]) - start
         label = f"{row['Type']} {row['Name']}"
