@@ -82,7 +82,7 @@ loadtest: model
 	$(PY) -m loadtest.run_loadtest all --slo $(SLO) --out results/loadtest $(if $(filter command line,$(origin URL)),--url $(URL)) $(LOADTEST_ARGS)
 
 # The schema fuzzing of `make test`, longer: FUZZ_EXAMPLES cases per operation and mode, with a
-# new seed each run unless FUZZ_SEED=<the printed seed> replays one.
+# new seed each run unless FUZZ_SEED=<the printed seed> seeds a rerun.
 FUZZ_EXAMPLES ?= 1000
 FUZZ_SEED ?= random
 fuzz: model

@@ -12,8 +12,9 @@ also n <= 2 and a client `timeout` of at least 30 s (a deadline the client asks 
 answered with 504 by design). Abusive values of those fields
 are covered by tests/integration/test_abuse_real_engine.py.
 
-Generation is seeded: `make test` uses a fixed seed, so CI tries the same cases every run;
-`make fuzz` draws a new seed each run and prints it, and LLMSERVE_FUZZ_SEED replays a run.
+Generation is seeded: `make test` uses a fixed seed; `make fuzz` draws a new seed each run and
+prints it, and LLMSERVE_FUZZ_SEED seeds a rerun. Small runs repeat exactly; longer ones need not
+(two 100-case runs with one seed drew different mixes), so a seed narrows a rerun, not pins it.
 """
 
 from __future__ import annotations
