@@ -276,12 +276,13 @@ async def _relay(
 ) -> AsyncIterator[bytes]:
     """Relay the producer's chunks. A deadline can stop the work and the client still gets an answer:
     once a stream has started its status is sent, so errors travel as an SSE error event + [DONE]."""
+    getter: asyncio.Future[bytes] | None = None
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())
             await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
-                getter.cancel()
+                getter.cancel()  # before the flush below, so it cannot take a chunk
                 break
             yield getter.result()
         while not queue.empty():
@@ -303,5 +304,7 @@ async def _relay(
             observation.on_rejected("client_disconnected")
         raise
     finally:
+        if getter is not None:
+            getter.cancel()  # a client that leaves cancels us mid-wait; never leave the getter pending
         producer.cancel()
         deadline.release()
