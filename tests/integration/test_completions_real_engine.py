@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -121,7 +122,14 @@ async def test_32_concurrent_requests_all_succeed(async_client: openai.AsyncOpen
     assert len({c.id for c in completions}) == 32
 
 
-LONG_GENERATION = {"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "temperature": 0}
+# ignore_eos: the request runs for its full ~1500 tokens (minutes here), whatever the model says.
+LONG_GENERATION = {
+    "model": MODEL,
+    "prompt": "1, 2, 3, 4, 5,",
+    "max_tokens": 1500,
+    "temperature": 0,
+    "ignore_eos": True,
+}
 
 
 def assert_engine_idle(server: ServerProcess, timeout_s: float = 10) -> None:
@@ -133,10 +141,15 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server: ServerPr
     with httpx.stream(
         "POST", f"{server.base_url}/v1/completions", json={**LONG_GENERATION, "stream": True}
     ) as response:
-        for index, _ in enumerate(response.iter_lines()):
-            if index >= 6:
-                break
-        assert eventually(server.engine_requests, timeout_s=10) == 1
+        assert response.status_code == 200, response.read()
+        # Hold the line iterator: abandoning it mid-loop finalizes it, and httpx then closes the
+        # connection, so the client would already have left before the check below.
+        lines = response.iter_lines()
+        first_events = [line for line in itertools.islice(lines, 6) if line]
+        assert len(first_events) == 3
+        assert all(line.startswith("data: {") for line in first_events)
+        assert eventually(server.engine_requests, timeout_s=10) == 1, "the engine runs it, client still there"
+        response.close()
     assert_engine_idle(server)
     tokens_after_abort = server.metric("vllm:generation_tokens_total")
     time.sleep(1.0)
