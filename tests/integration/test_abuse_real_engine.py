@@ -290,7 +290,7 @@ def test_slow_bodies_are_cut_off_and_do_not_starve_other_clients(server: ServerP
                 f"Content-Length: {len(body)}\r\n\r\n"
             )
             sock.sendall(head.encode())
-            for byte in body[:15]:
+            for byte in body[:25]:  # 25 s of trickling: the 10 s deadline with room for a busy machine
                 try:
                     sock.sendall(bytes([byte]))
                 except OSError:
@@ -319,7 +319,7 @@ def test_slow_bodies_are_cut_off_and_do_not_starve_other_clients(server: ServerP
     LEDGER.cases["slow-body (slowloris) clients"] += len(statuses)
     LEDGER.statuses.update(statuses)
     assert statuses == [408] * 16
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 40
 
 
 def test_a_storm_of_disconnects_mid_stream_leaves_nothing_running(server: ServerProcess) -> None:
