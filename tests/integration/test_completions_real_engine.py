@@ -13,6 +13,7 @@ import pytest
 from loadtest.server_process import REPO, ServerProcess
 
 from tests.integration.conftest import MODEL, eventually
+from tests.integration.test_metrics_real_engine import wait_idle
 
 GREEDY = {"temperature": 0.0}
 
@@ -132,12 +133,8 @@ LONG_GENERATION = {
 }
 
 
-def assert_engine_idle(server: ServerProcess, timeout_s: float = 10) -> None:
-    assert server.wait_engine_idle(timeout_s) == 0, "the engine still has requests after the client left"
-
-
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server: ServerProcess) -> None:
-    assert_engine_idle(server)
+    wait_idle(server, timeout_s=10)
     with httpx.stream(
         "POST", f"{server.base_url}/v1/completions", json={**LONG_GENERATION, "stream": True}
     ) as response:
@@ -150,17 +147,17 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server: ServerPr
         assert all(line.startswith("data: {") for line in first_events)
         assert eventually(server.engine_requests, timeout_s=10) == 1, "the engine runs it, client still there"
         response.close()
-    assert_engine_idle(server)
+    wait_idle(server, timeout_s=10)
     tokens_after_abort = server.metric("vllm:generation_tokens_total")
     time.sleep(1.0)
     assert server.metric("vllm:generation_tokens_total") == tokens_after_abort
 
 
 def test_client_disconnect_without_stream_aborts_the_engine_request(server: ServerProcess) -> None:
-    assert_engine_idle(server)
+    wait_idle(server, timeout_s=10)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/completions", json=LONG_GENERATION, timeout=2.0)
-    assert_engine_idle(server)
+    wait_idle(server, timeout_s=10)
 
 
 def post(server: ServerProcess, body: object) -> httpx.Response:
