@@ -39,8 +39,11 @@ model: $(VENV_STAMP)
 serve: model
 	$(LLMSERVE) serve --config $(CONFIG)
 
+# The whole suite in the dtype `auto` picks on this CPU, then the tests that assert what the model
+# says once more in the other dtype (bfloat16 on an AVX2-only CPU is emulated and slow: only those).
 test: model lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+	LLMSERVE_TEST_DTYPE=other $(PY) -m pytest -m dtype_sensitive tests/integration $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -18,6 +18,9 @@ import psutil
 from loadtest.prom import Scrape
 
 REPO = Path(__file__).resolve().parents[1]
+# What a clean stop never logs: a traceback, an exception swallowed in a destructor, a resource
+# the interpreter found still held at exit.
+UNCLEAN_LOG_MARKERS = ("Traceback (most recent call last)", "Exception ignored in", "leaked")
 
 
 def tree_rss_bytes(pid: int) -> int:
@@ -28,6 +31,29 @@ def tree_rss_bytes(pid: int) -> int:
         with contextlib.suppress(psutil.Error):
             total += process.memory_info().rss
     return total
+
+
+def still_running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of `processes` still alive (not zombies) after up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in processes if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return f"{process.pid} {process.name()}"
+    return str(process.pid)
 
 
 def free_port() -> int:
@@ -42,6 +68,7 @@ class ServerProcess:
     port: int
     log_path: Path
     started_at: float = field(default_factory=time.monotonic)
+    left_behind: list[str] = field(default_factory=list)
 
     @property
     def base_url(self) -> str:
@@ -83,12 +110,21 @@ class ServerProcess:
         """A series' value, summed over the label sets that include `labels`."""
         return self.scrape().value(name, **labels)
 
-    def stop(self, timeout_s: float = 60) -> int:
-        """SIGTERM and wait; then kill whatever is left of the process tree."""
+    def processes(self) -> list[psutil.Process]:
+        """The server and every process it started (vLLM's engine core and workers)."""
         try:
-            children = psutil.Process(self.process.pid).children(recursive=True)
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            children = []
+            return []
+
+    def log_problems(self) -> list[str]:
+        return [line for line in self.log().splitlines() if any(m in line for m in UNCLEAN_LOG_MARKERS)]
+
+    def stop(self, timeout_s: float = 60, children_grace_s: float = 10) -> int:
+        """SIGTERM and wait; then kill whatever is left of the process tree, and remember it in
+        `left_behind` (a clean stop leaves nothing once the server has exited)."""
+        processes = self.processes()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
@@ -96,7 +132,8 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             code = self.process.wait()
-        for child in children:
+        self.left_behind = [describe(p) for p in still_running(processes[1:], children_grace_s)]
+        for child in processes[1:]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
         return code

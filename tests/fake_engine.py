@@ -8,7 +8,7 @@ A prompt containing FAIL_MID_STREAM makes it fail after the first token.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from llmserve.config import Config
@@ -19,6 +19,7 @@ from llmserve.engine.base import (
     GenerationDelta,
     ModelInfo,
     PositionLogprobs,
+    SamplingDefaults,
     SamplingSpec,
     TokenizedPrompt,
     TokenLogprob,
@@ -28,8 +29,17 @@ FAIL_MID_STREAM = "FAIL_MID_STREAM"
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 64, vocab_size: int = 1000) -> None:
-        self._model_info = ModelInfo(max_model_len=max_model_len, vocab_size=vocab_size)
+    def __init__(
+        self,
+        max_model_len: int = 64,
+        vocab_size: int = 1000,
+        sampling_defaults: SamplingDefaults | None = None,
+    ) -> None:
+        self._model_info = ModelInfo(
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            sampling_defaults=sampling_defaults or SamplingDefaults(),
+        )
         self.dead = False
         self.aborted: list[str] = []
         self.started: list[str] = []
@@ -62,13 +72,15 @@ class FakeEngine:
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         self.started.append(request_id)
         self.samplings.append(sampling)
         finished = False
         try:
             for choice in range(sampling.n):
-                for delta in self._choice(prompt, sampling, choice):
+                for position, delta in enumerate(self._choice(prompt, sampling, choice)):
+                    if position == 0 and sampling.prompt_logprobs is not None:
+                        delta.prompt_logprobs = self._prompt_logprobs(prompt, sampling.prompt_logprobs)
                     if self.token_delay_s:
                         await asyncio.sleep(self.token_delay_s)
                     yield delta
@@ -102,6 +114,15 @@ class FakeEngine:
                 )
             )
         return deltas
+
+    @staticmethod
+    def _prompt_logprobs(prompt: TokenizedPrompt, top_n: int) -> list[PositionLogprobs | None]:
+        """The first prompt token has no logprob; every later one -1.0, with one alternative."""
+        positions: list[PositionLogprobs | None] = [None]
+        for token_id in prompt.token_ids[1:]:
+            chosen = TokenLogprob(token_id, f" t{token_id}", -1.0)
+            positions.append(PositionLogprobs(chosen, (TokenLogprob(999, " zz", -0.1), chosen)[:top_n]))
+        return positions
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

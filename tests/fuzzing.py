@@ -59,6 +59,14 @@ class FuzzReport:
     schema_valid_refused: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     refusal_examples: dict[str, str] = field(default_factory=dict)
+    schema_valid: Counter[str] = field(default_factory=Counter)
+    schema_valid_served: Counter[str] = field(default_factory=Counter)
+
+    def valid_rate(self, operation: str) -> float:
+        """The share of schema-valid requests the server served: schemathesis warns that an
+        operation "mostly rejected generated data" below 0.2 (its low_valid_rate threshold)."""
+        total = self.schema_valid[operation]
+        return self.schema_valid_served[operation] / total if total else 0.0
 
     @property
     def server_errors(self) -> int:
@@ -76,6 +84,10 @@ class FuzzReport:
         lines.append(f"  5xx responses: {self.server_errors}")
         refused = ", ".join(f"{code}: {n}" for code, n in self.schema_valid_refused.most_common())
         lines.append(f"  schema-valid requests refused on semantic grounds: {refused or 'none'}")
+        lines += [
+            f"  {operation}: {self.valid_rate(operation):.0%} of schema-valid requests served"
+            for operation in sorted(self.schema_valid)
+        ]
         lines.append(f"  failed checks: {len(self.failures)}")
         lines += [f"    {failure}" for failure in self.failures[:20]]
         return "\n".join(lines)
@@ -160,6 +172,9 @@ def _fuzz_operation(
         response = case.call(base_url=base_url, timeout=timeout_s)
         report.cases[(operation.label, mode.value)] += 1
         report.statuses[response.status_code] += 1
+        if mode is GenerationMode.POSITIVE:
+            report.schema_valid[operation.label] += 1
+            report.schema_valid_served[operation.label] += 200 <= response.status_code < 300
         problems = []
         try:
             case.validate_response(response, checks=CHECKS)

@@ -66,7 +66,7 @@ def create_app(
     app.state.rate_limiter = RateLimiter(config.auth)
     gateway_metrics.watch_admission(lambda: app.state.admission.waiting)
     install_error_handlers(app)
-    install_openapi(app, config.server.served_model_name)
+    install_openapi(app, config.server.served_model_name, lambda: runtime.vocab_size)
     for module in (completions, chat, models):
         app.include_router(module.router, dependencies=[ApiKeyRequired])
     app.include_router(health.router)

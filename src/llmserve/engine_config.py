@@ -24,6 +24,17 @@ KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5
 SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp"]
 ExecutorBackend = Literal["mp", "ray", "uni"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
+# The generation-config keys vLLM turns into request defaults (ModelConfig.get_diff_sampling_param).
+GenerationDefaultKey = Literal[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_new_tokens",
+]
 
 # Methods whose proposer is a separate set of weights, named by `speculative.model`.
 SPECULATIVE_METHODS_WITH_MODEL = frozenset({"draft_model", "eagle", "eagle3", "medusa"})
@@ -82,6 +93,16 @@ class EngineConfig(_Section):
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     seed: int = 0
+    generation_config: str = Field(
+        default="auto",
+        min_length=1,
+        description="Defaults for sampling fields a request omits: auto = the model's "
+        "generation_config.json (as vLLM does), vllm = OpenAI's neutral defaults, or a directory "
+        "holding a generation_config.json.",
+    )
+    override_generation_config: dict[GenerationDefaultKey, float] = Field(
+        default_factory=dict, description="Server-wide defaults that win over generation_config's."
+    )
     # Parallelism
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, aclosing
 
 from llmserve.config import Config
 from llmserve.deadlines import DeadlineBook
@@ -51,6 +51,11 @@ class EngineRuntime:
     @property
     def is_ready(self) -> bool:
         return self._engine is not None and not self._engine.is_dead and not self.draining
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The served model's vocabulary, once the engine has started."""
+        return self._engine.model_info.vocab_size if self._engine is not None else None
 
     @property
     def is_failed(self) -> bool:
@@ -140,6 +145,12 @@ class EngineRuntime:
                 self._engine = engine
                 watchdog = asyncio.create_task(self._watch(engine))
                 self.ready_after_s = time.monotonic() - started
+                defaults = engine.model_info.sampling_defaults.in_effect()
+                logger.info(
+                    "sampling defaults for fields a request omits: %s (engine.generation_config: %s)",
+                    defaults or "OpenAI's",
+                    self._config.engine.generation_config,
+                )
                 server = self._config.server
                 logger.info(
                     "llmserve ready on http://%s:%d (model %s, engine ready after %.1f s)",
@@ -162,7 +173,8 @@ async def warm_up(engine: EngineClient) -> None:
     """Readiness means the engine really generated a token, not just that it was constructed."""
     prompt = await engine.tokenize(WARMUP_PROMPT)
     sampling = SamplingSpec(max_tokens=1, temperature=0.0)
-    async for delta in engine.generate(prompt, sampling, "llmserve-warmup"):
-        if delta.finished:
-            return
+    async with aclosing(engine.generate(prompt, sampling, "llmserve-warmup")) as deltas:
+        async for delta in deltas:
+            if delta.finished:
+                return
     raise EngineError("the warm-up generation ended without finishing")

@@ -1,9 +1,18 @@
-"""One real server process (real vLLM, real SmolLM2) for the whole test session."""
+"""One real server process (real vLLM, real SmolLM2) for the whole test session.
+
+It runs in the dtype `engine.dtype: auto` picks on this machine (bfloat16 where the CPU computes
+it natively, float32 elsewhere), or in the one LLMSERVE_TEST_DTYPE names (`other`: the one auto
+does not pick; `make test` runs the dtype-sensitive tests that way too). In bfloat16, vLLM's
+greedy text can depend on the batch a request shares, so tests that assert two generations are
+identical use `fp32_server`, where that holds (vLLM's batch-invariant mode needs CUDA and triton).
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -11,11 +20,27 @@ import openai
 import pytest
 from loadtest.server_process import ServerProcess, start_server
 
+from llmserve.engine.dtype import resolve_dtype
+from llmserve.engine_config import EngineConfig
 from tests.integration.robustness import LEDGER
 
 MODEL = "SmolLM2-135M-Instruct"
 READY_TIMEOUT_S = 300
+TEST_DTYPE_ENV = "LLMSERVE_TEST_DTYPE"
 T = TypeVar("T")
+
+
+def auto_dtype() -> str:
+    """What `engine.dtype: auto` picks on this machine's CPU."""
+    return resolve_dtype(EngineConfig())
+
+
+def session_dtype() -> str:
+    """The session server's dtype: auto's choice, the one LLMSERVE_TEST_DTYPE names, or `other`."""
+    wanted = os.environ.get(TEST_DTYPE_ENV, "auto")
+    if wanted == "other":
+        return "float32" if auto_dtype() == "bfloat16" else "bfloat16"
+    return auto_dtype() if wanted == "auto" else wanted
 
 
 def eventually(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.1) -> T:
@@ -41,23 +66,58 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log_path = Path(tmp_path_factory.mktemp("server")) / "server.log"
-    process = start_server(log_path, "--config", "configs/cpu-smollm2.yaml")
+@contextmanager
+def running_server(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *args: str
+) -> Iterator[ServerProcess]:
+    """A server for as long as the context lasts; a graceful SIGTERM ends it with exit code 0."""
+    log_path = Path(tmp_path_factory.mktemp(name)) / "server.log"
+    process = start_server(log_path, *args)
     try:
         ready_after = process.wait_ready(READY_TIMEOUT_S)
-        print(f"\nllmserve ready after {ready_after:.1f} s (log: {log_path})")
+        print(f"\nllmserve ({name}) ready after {ready_after:.1f} s (log: {log_path})")
         yield process
     finally:
         code = process.stop()
-        print(f"\nllmserve exited with {code}")
+        print(f"\nllmserve ({name}) exited with {code}")
         assert code == 0, f"a graceful SIGTERM must end in exit code 0:\n{process.log()[-3000:]}"
+        assert process.left_behind == [], "every process the server started ends with it"
+        assert process.log_problems() == [], "a clean stop logs no traceback"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    dtype = session_dtype()
+    args = ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={dtype}")
+    with running_server(tmp_path_factory, f"server-{dtype}", *args) as process:
+        yield process
+
+
+@pytest.fixture(scope="session")
+def fp32_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A float32 server, for tests that assert two generations are identical."""
+    if session_dtype() == "float32":
+        yield request.getfixturevalue("server")
+        return
+    args = ("--set", "engine.dtype=float32", "--set", "engine.kv_cache_memory_gib=0.5")
+    with running_server(tmp_path_factory, "server-float32", *args) as process:
+        yield process
+
+
+def openai_client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
+
+
+@pytest.fixture(scope="session")
+def fp32_client(fp32_server: ServerProcess) -> openai.OpenAI:
+    return openai_client(fp32_server)
 
 
 @pytest.fixture(scope="session")

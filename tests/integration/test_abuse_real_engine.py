@@ -165,7 +165,7 @@ ABUSIVE_BODIES: list[tuple[str, str, bytes, str | None, int, str | None]] = [
         raw(json.dumps({**GOOD_CHAT, "messages": [{"role": "wizard", "content": "hi"}]})),
         JSON,
         400,
-        "invalid_value",
+        "unsupported_parameter",
     ),
     (
         "unknown fields are ignored",
@@ -401,10 +401,10 @@ async def answer(client: httpx.AsyncClient, path: str, fields: dict[str, Any]) -
 
 
 def test_concurrent_mixed_greedy_requests_equal_the_same_requests_one_at_a_time(
-    server: ServerProcess,
+    fp32_server: ServerProcess,
 ) -> None:
     async def run() -> tuple[list[list[str]], list[list[str]]]:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
+        async with httpx.AsyncClient(base_url=fp32_server.base_url, timeout=120) as client:
             alone = [await answer(client, path, fields) for path, fields in MIXED_REQUESTS]
             together = await asyncio.gather(
                 *(answer(client, path, fields) for path, fields in MIXED_REQUESTS * 2)

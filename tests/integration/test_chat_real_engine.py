@@ -16,6 +16,7 @@ GREEDY = {"temperature": 0.0}
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.dtype_sensitive
 def test_greedy_chat_answers_with_paris(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=24, **GREEDY)
     assert completion.object == "chat.completion"
@@ -29,14 +30,14 @@ def test_greedy_chat_answers_with_paris(client: openai.OpenAI) -> None:
     )
 
 
-def test_chat_stream_deltas_concatenate_to_the_non_stream_answer(client: openai.OpenAI) -> None:
+def test_chat_stream_deltas_concatenate_to_the_non_stream_answer(fp32_client: openai.OpenAI) -> None:
     messages = [
         {"role": "system", "content": "You are a concise assistant."},
         {"role": "user", "content": "Name three fruits."},
     ]
-    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, **GREEDY)
+    whole = fp32_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, **GREEDY)
     chunks = list(
-        client.chat.completions.create(
+        fp32_client.chat.completions.create(
             model=MODEL,
             messages=messages,
             max_tokens=32,
@@ -55,11 +56,11 @@ def test_chat_stream_deltas_concatenate_to_the_non_stream_answer(client: openai.
     assert chunks[-1].usage == whole.usage
 
 
-def test_list_of_text_parts_equals_string_content(client: openai.OpenAI) -> None:
-    as_string = client.chat.completions.create(
+def test_list_of_text_parts_equals_string_content(fp32_client: openai.OpenAI) -> None:
+    as_string = fp32_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hello\nworld"}], max_tokens=12, **GREEDY
     )
-    as_parts = client.chat.completions.create(
+    as_parts = fp32_client.chat.completions.create(
         model=MODEL,
         messages=[
             {
@@ -74,6 +75,7 @@ def test_list_of_text_parts_equals_string_content(client: openai.OpenAI) -> None
     assert as_parts.usage == as_string.usage
 
 
+@pytest.mark.dtype_sensitive
 def test_json_object_response_format_parses(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
         model=MODEL,
@@ -91,6 +93,7 @@ def test_json_object_response_format_parses(client: openai.OpenAI) -> None:
     assert "Paris" in json.dumps(answer)
 
 
+@pytest.mark.dtype_sensitive
 def test_json_schema_response_format_matches_the_schema(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
@@ -132,9 +135,9 @@ def test_invalid_json_schema_is_400(client: openai.OpenAI) -> None:
         )
 
 
-def test_n_choices_with_a_seed_are_indexed_and_reproducible(client: openai.OpenAI) -> None:
+def test_n_choices_with_a_seed_are_indexed_and_reproducible(fp32_client: openai.OpenAI) -> None:
     def sample() -> list[str]:
-        completion = client.chat.completions.create(
+        completion = fp32_client.chat.completions.create(
             model=MODEL, messages=CAPITAL, n=3, max_tokens=12, temperature=1.0, seed=11
         )
         assert [choice.index for choice in completion.choices] == [0, 1, 2]
@@ -156,6 +159,7 @@ def test_n_choices_stream_carry_their_index(client: openai.OpenAI) -> None:
     assert all(texts.values())
 
 
+@pytest.mark.dtype_sensitive
 def test_chat_logprobs_have_one_entry_per_token(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
         model=MODEL, messages=CAPITAL, max_tokens=8, logprobs=True, top_logprobs=3, **GREEDY
@@ -177,6 +181,7 @@ def test_chat_logprobs_have_one_entry_per_token(client: openai.OpenAI) -> None:
         assert tokens_text == text
 
 
+@pytest.mark.dtype_sensitive
 def test_ignore_eos_and_max_completion_tokens(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
         model=MODEL,
@@ -190,6 +195,7 @@ def test_ignore_eos_and_max_completion_tokens(client: openai.OpenAI) -> None:
     assert completion.choices[0].finish_reason == "length"
 
 
+@pytest.mark.dtype_sensitive
 def test_chat_stop_really_stops(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=24, **GREEDY)
     text = whole.choices[0].message.content or ""
@@ -202,6 +208,7 @@ def test_chat_stop_really_stops(client: openai.OpenAI) -> None:
     assert stopped.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.dtype_sensitive
 async def test_async_client_streams_chat(async_client: openai.AsyncOpenAI) -> None:
     stream = await async_client.chat.completions.create(
         model=MODEL, messages=CAPITAL, max_tokens=16, stream=True, **GREEDY

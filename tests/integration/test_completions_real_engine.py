@@ -37,6 +37,7 @@ def test_health_ready_and_models(server: ServerProcess, client: openai.OpenAI) -
     assert [model.id for model in client.models.list()] == [MODEL]
 
 
+@pytest.mark.dtype_sensitive
 def test_greedy_completion_knows_the_capital_of_france(client: openai.OpenAI) -> None:
     completion = client.completions.create(
         model=MODEL, prompt="The capital of France is", max_tokens=8, **GREEDY
@@ -47,10 +48,12 @@ def test_greedy_completion_knows_the_capital_of_france(client: openai.OpenAI) ->
     assert completion.choices[0].finish_reason in {"stop", "length"}
 
 
-def test_stream_yields_the_same_text_as_non_stream_under_greedy(client: openai.OpenAI) -> None:
+def test_stream_yields_the_same_text_as_non_stream_under_greedy(fp32_client: openai.OpenAI) -> None:
     prompt = "Once upon a time, in a small village,"
-    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, **GREEDY)
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, stream=True, **GREEDY))
+    whole = fp32_client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, **GREEDY)
+    chunks = list(
+        fp32_client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, stream=True, **GREEDY)
+    )
     assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
@@ -78,30 +81,32 @@ def test_include_usage_gives_exact_token_counts(client: openai.OpenAI, tokenizer
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
-def test_list_of_prompts_gives_one_choice_each_with_its_index(client: openai.OpenAI) -> None:
+def test_list_of_prompts_gives_one_choice_each_with_its_index(fp32_client: openai.OpenAI) -> None:
     prompts = ["The capital of France is", "1, 2, 3, 4,", "Red, green,"]
-    completion = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, **GREEDY)
+    completion = fp32_client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, **GREEDY)
     assert [choice.index for choice in completion.choices] == [0, 1, 2]
     for prompt, choice in zip(prompts, completion.choices, strict=True):
-        alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **GREEDY)
+        alone = fp32_client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **GREEDY)
         assert choice.text == alone.choices[0].text
 
 
-def test_token_id_prompt_matches_text_prompt(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_token_id_prompt_matches_text_prompt(fp32_client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
     prompt = "The capital of France is"
-    by_text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **GREEDY)
-    by_ids = client.completions.create(model=MODEL, prompt=tokenizer.encode(prompt), max_tokens=6, **GREEDY)
+    by_text = fp32_client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **GREEDY)
+    by_ids = fp32_client.completions.create(
+        model=MODEL, prompt=tokenizer.encode(prompt), max_tokens=6, **GREEDY
+    )
     assert by_ids.choices[0].text == by_text.choices[0].text
 
 
-def test_stop_and_seed_are_honoured(client: openai.OpenAI) -> None:
-    stopped = client.completions.create(
+def test_stop_and_seed_are_honoured(fp32_client: openai.OpenAI) -> None:
+    stopped = fp32_client.completions.create(
         model=MODEL, prompt="1, 2, 3, 4,", max_tokens=30, stop=["7"], **GREEDY
     )
     assert "7" not in stopped.choices[0].text
     assert stopped.choices[0].finish_reason == "stop"
     sampled = [
-        client.completions.create(
+        fp32_client.completions.create(
             model=MODEL, prompt="My favourite food is", max_tokens=16, temperature=1.0, seed=1234
         )
         .choices[0]

@@ -96,7 +96,7 @@ def test_known_requests_give_exact_counts_that_agree_with_the_engine(
     assert d("llmserve_requests_total", route=CHAT, status="400") == 1
     assert d("llmserve_request_errors_total", code="context_length_exceeded") == 1
     assert d("llmserve_request_errors_total", code="model_not_found") == 1
-    assert d("llmserve_request_errors_total", code="invalid_value") == 1
+    assert d("llmserve_request_errors_total", code="unsupported_parameter") == 1, "a role it does not take"
     assert d("llmserve_e2e_request_latency_seconds_count") == 4
     assert d("llmserve_time_to_first_token_seconds_count") == 4
     assert d("llmserve_generation_tokens_total") == completion_tokens

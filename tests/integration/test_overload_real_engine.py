@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 from loadtest.prom import bucket_deltas
-from loadtest.server_process import ServerProcess, start_server
+from loadtest.server_process import ServerProcess, start_server, still_running
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S
 from tests.integration.robustness import LEDGER
@@ -100,6 +100,7 @@ def test_killed_engine_fails_in_flight_work_turns_health_503_and_exits_nonzero(
     limited_server: ServerProcess,
 ) -> None:
     events: list[str] = []
+    processes = limited_server.processes()
     body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{limited_server.base_url}/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
@@ -115,5 +116,6 @@ def test_killed_engine_fails_in_flight_work_turns_health_503_and_exits_nonzero(
     assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "engine_dead"
     code = limited_server.process.wait(timeout=60)
     assert code != 0, "a supervisor must see the failure and restart the server"
+    assert still_running(processes, timeout_s=10) == [], "the engine's workers end with it"
     LEDGER.cases["engine process SIGKILLed mid-stream"] += 1
     LEDGER.notes.append(f"engine killed mid-stream: SSE engine_dead + [DONE], server exit code {code}")

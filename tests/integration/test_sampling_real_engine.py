@@ -31,15 +31,18 @@ def greedy_text(client: openai.OpenAI, prompt: str = PROMPT, max_tokens: int = 1
     [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}],
     ids=["top_k=1", "top_p=tiny", "min_p=1"],
 )
-def test_sampling_narrowed_to_one_token_is_greedy(client: openai.OpenAI, narrowing: dict[str, float]) -> None:
+def test_sampling_narrowed_to_one_token_is_greedy(
+    fp32_client: openai.OpenAI, narrowing: dict[str, float]
+) -> None:
     top_p = narrowing.get("top_p")
     extra = {key: value for key, value in narrowing.items() if key != "top_p"}
-    sampled = client.completions.create(
+    sampled = fp32_client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=99, top_p=top_p, extra_body=extra
     )
-    assert sampled.choices[0].text == greedy_text(client)
+    assert sampled.choices[0].text == greedy_text(fp32_client)
 
 
+@pytest.mark.dtype_sensitive
 def test_penalties_change_a_repetitive_continuation(client: openai.OpenAI) -> None:
     prompt = "apple apple apple apple apple apple"
     plain = greedy_text(client, prompt, 16)
@@ -57,6 +60,7 @@ def test_penalties_change_a_repetitive_continuation(client: openai.OpenAI) -> No
         assert penalised.count("apple") < plain.count("apple") or "apple" not in plain, penalty
 
 
+@pytest.mark.dtype_sensitive
 def test_logit_bias_forces_a_token(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
     token_id = tokenizer.encode(" banana")[0]
     forced = client.completions.create(
@@ -65,6 +69,7 @@ def test_logit_bias_forces_a_token(client: openai.OpenAI, tokenizer) -> None:  #
     assert forced.choices[0].text == tokenizer.decode([token_id] * 4)
 
 
+@pytest.mark.dtype_sensitive
 def test_stop_token_ids_stop_before_that_token(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
     text = greedy_text(client, PROMPT, 12)
     token_ids = tokenizer.encode(text)
@@ -77,6 +82,7 @@ def test_stop_token_ids_stop_before_that_token(client: openai.OpenAI, tokenizer)
     assert text.startswith(stopped.choices[0].text)
 
 
+@pytest.mark.dtype_sensitive
 def test_completion_logprobs_shape_and_count(client: openai.OpenAI) -> None:
     completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, logprobs=3, **GREEDY)
     logprobs = completion.choices[0].logprobs
@@ -92,13 +98,13 @@ def test_completion_logprobs_shape_and_count(client: openai.OpenAI) -> None:
     assert offsets[0] == 0
 
 
-def test_echo_returns_the_prompt_and_its_logprobs(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    completion = client.completions.create(
+def test_echo_returns_the_prompt_and_its_logprobs(fp32_client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    completion = fp32_client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=3, echo=True, logprobs=1, **GREEDY
     )
     choice = completion.choices[0]
     assert choice.text.startswith(PROMPT)
-    assert choice.text == PROMPT + greedy_text(client, PROMPT, 3)
+    assert choice.text == PROMPT + greedy_text(fp32_client, PROMPT, 3)
     logprobs = choice.logprobs
     assert logprobs is not None
     prompt_len = len(tokenizer.encode(PROMPT))
@@ -107,20 +113,56 @@ def test_echo_returns_the_prompt_and_its_logprobs(client: openai.OpenAI, tokeniz
     assert "".join(logprobs.tokens or []) == choice.text
 
 
-def test_list_of_token_id_lists(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_list_of_token_id_lists(fp32_client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
     prompts = [tokenizer.encode(PROMPT), tokenizer.encode("1, 2, 3,")]
-    completion = client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, **GREEDY)
+    completion = fp32_client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, **GREEDY)
     assert [choice.index for choice in completion.choices] == [0, 1]
-    assert completion.choices[0].text == greedy_text(client, PROMPT, 4)
+    assert completion.choices[0].text == greedy_text(fp32_client, PROMPT, 4)
 
 
-def test_omitted_max_tokens_fills_the_context_window(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    prompt_ids = tokenizer.encode("word " * 2040)[:2040]
-    completion = client.completions.create(
-        model=MODEL, prompt=prompt_ids, extra_body={"ignore_eos": True}, **GREEDY
+@pytest.mark.dtype_sensitive
+def test_omitted_max_tokens_is_16_and_null_fills_the_context_window(server: ServerProcess, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    url = f"{server.base_url}/v1/completions"
+    long_prompt = tokenizer.encode("word " * 2040)[:2040]
+    for fields, completion_tokens in (
+        ({"prompt": PROMPT}, 16),
+        ({"prompt": long_prompt, "max_tokens": None}, 2048 - 2040),
+    ):
+        body = {"model": MODEL, "ignore_eos": True, **GREEDY, **fields}
+        response = httpx.post(url, json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == completion_tokens
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(fp32_client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """What lm-evaluation-harness-style clients send to score text: the prompt back, with logprobs."""
+    scored = fp32_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    choice = scored.choices[0]
+    assert choice.text == PROMPT
+    logprobs = choice.logprobs
+    assert logprobs is not None
+    assert len(logprobs.tokens or []) == len(tokenizer.encode(PROMPT))
+    token_logprobs = logprobs.token_logprobs or []
+    assert token_logprobs[0] is None
+    assert all(value is not None and value <= 0 for value in token_logprobs[1:])
+    # The same positions' logprobs as when the prompt is echoed before a generated token.
+    generated = fp32_client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=1, echo=True, logprobs=1, **GREEDY
     )
-    assert completion.usage is not None
-    assert completion.usage.completion_tokens == 2048 - 2040
+    assert generated.choices[0].logprobs is not None
+    with_token = generated.choices[0].logprobs.token_logprobs or []
+    assert with_token[1 : len(token_logprobs)] == pytest.approx(token_logprobs[1:], abs=1e-4)
+
+
+@pytest.mark.dtype_sensitive
+def test_logprobs_0_lists_the_sampled_token_at_every_position(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=0)
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None
+    for token, value, top in zip(
+        logprobs.tokens or [], logprobs.token_logprobs or [], logprobs.top_logprobs or [], strict=True
+    ):
+        assert top == {token: value}, "the sampled token is always listed, as OpenAI does"
 
 
 def test_n_with_streaming_completions_labels_choices(client: openai.OpenAI) -> None:

@@ -118,7 +118,7 @@ def test_chat_logprobs_shape(client: TestClient) -> None:
         ({"reasoning_effort": "high"}, "reasoning_effort"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-            "messages.0.content",
+            "messages.0.content.0.type",
         ),
         (
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
@@ -144,12 +144,25 @@ def test_unsupported_chat_fields_are_400_naming_them(
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
-        ({"response_format": {"type": "json_schema"}}, "response_format"),
-        ({"continue_final_message": True}, "continue_final_message"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
     ],
 )
 def test_invalid_chat_requests_are_400(client: TestClient, fields: dict[str, object], param: str) -> None:
     assert_openai_error(chat(client, **{"messages": USER_HI, **fields}), 400, param=param)
+
+
+def test_continue_final_message_alone_extends_the_last_message(
+    client: TestClient, fake_engine: FakeEngine
+) -> None:
+    messages = [*USER_HI, {"role": "assistant", "content": "Hello, I am"}]
+    assert chat(client, messages=messages, max_tokens=1, continue_final_message=True).status_code == 200
+    assert chat(client, messages=USER_HI, max_tokens=1).status_code == 200
+    assert fake_engine.rendered[-2][-1] == ChatMessage("assistant", "Hello, I am")
 
 
 def test_chat_over_the_context_window_is_400_naming_messages(client: TestClient) -> None:

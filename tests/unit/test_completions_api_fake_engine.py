@@ -124,10 +124,14 @@ def test_request_id_header_is_echoed_or_generated(client: TestClient) -> None:
     assert generated.headers["x-request-id"] == generated.json()["id"]
 
 
-def test_omitted_max_tokens_fills_the_context_window(client: TestClient, fake_engine: FakeEngine) -> None:
+def test_omitted_max_tokens_is_16_as_in_openai_and_vllm(client: TestClient) -> None:
     body = complete(client, prompt="a b c d").json()
-    max_model_len = fake_engine.model_info.max_model_len
-    assert body["usage"]["completion_tokens"] == max_model_len - 4
+    assert body["usage"]["completion_tokens"] == 16
+
+
+def test_null_max_tokens_fills_the_context_window(client: TestClient, fake_engine: FakeEngine) -> None:
+    body = complete(client, prompt="a b c d", max_tokens=None).json()
+    assert body["usage"]["completion_tokens"] == fake_engine.model_info.max_model_len - 4
 
 
 def test_unknown_fields_are_accepted(client: TestClient) -> None:
@@ -142,6 +146,7 @@ def test_unknown_fields_are_accepted(client: TestClient) -> None:
         ({"top_p": 0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1, "echo": True}, "max_tokens"),
         ({"max_tokens": "ten"}, "max_tokens"),
         ({"stream": "yes please"}, "stream"),
         ({"stop": ["x"] * 17}, "stop"),
@@ -310,6 +315,30 @@ def test_echo_prepends_the_prompt(client: TestClient) -> None:
     assert body["choices"][0]["text"] == "hello there w0 w1"
     streamed = sse_payloads(complete(client, prompt="hi", max_tokens=1, echo=True, stream=True).text)
     assert json.loads(streamed[0])["choices"][0]["text"] == "hi w0"
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_and_its_logprobs_only(client: TestClient) -> None:
+    body = complete(client, prompt="a bb ccc", max_tokens=0, echo=True, logprobs=1).json()
+    choice = body["choices"][0]
+    assert choice["text"] == "a bb ccc"
+    assert choice["logprobs"]["tokens"] == ["t1", " t2", " t3"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.0, -1.0]
+    assert choice["logprobs"]["top_logprobs"][0] is None
+    assert choice["logprobs"]["top_logprobs"][1] == {" t2": -1.0, " zz": -0.1}
+    assert choice["finish_reason"] == "length"
+    # As vLLM: the engine runs one step for the prompt's logprobs, and usage counts its token.
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    streamed = sse_payloads(
+        complete(client, prompt="a bb", max_tokens=0, echo=True, logprobs=0, stream=True).text
+    )
+    chunks = [json.loads(payload)["choices"][0] for payload in streamed[:-1]]
+    assert "".join(chunk["text"] for chunk in chunks) == "a bb"
+    assert chunks[0]["logprobs"]["token_logprobs"] == [None, -1.0]
+
+
+def test_logprobs_0_still_lists_the_sampled_token_as_openai_does(client: TestClient) -> None:
+    logprobs = complete(client, prompt="a", max_tokens=2, logprobs=0).json()["choices"][0]["logprobs"]
+    assert logprobs["top_logprobs"] == [{" w0": -0.5}, {" w1": -0.5}]
 
 
 def test_logprobs_have_one_entry_per_token_with_top_alternatives(client: TestClient) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from llmserve.engine.base import (
     PromptTooLongError,
 )
 from llmserve.metrics import RequestObservation
+from llmserve.protocol.chat import TAGGED_UNION_FIELDS, UNION_TAGS
 from llmserve.protocol.common import ErrorInfo, ErrorResponse
 from llmserve.protocol.sampling import InvalidParameterError, UnsupportedParameterError
 from llmserve.runtime import DrainingError, EngineNotReadyError
@@ -135,22 +137,58 @@ def to_api_error(exc: BaseException) -> APIError:
 MAPPING_FIELDS = frozenset({"logit_bias"})
 
 
-def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
-    """A readable message and the offending parameter from pydantic's error list."""
-    first = errors[0] if errors else {}
-    if first.get("type") == "json_invalid":
-        return "The request body is not valid JSON.", None
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+# pydantic errors that mean "a kind this server does not implement": a message role or content-part
+# type outside the discriminated unions of protocol/chat.py (tool messages, image parts).
+UNSUPPORTED_KIND_ERRORS = frozenset({"union_tag_invalid"})
+KIND_ERRORS = UNSUPPORTED_KIND_ERRORS | {"union_tag_not_found"}
+
+
+def describe_validation_errors(errors: list[Any]) -> APIError:
+    """A readable 400 naming the offending parameter, from pydantic's error list."""
+    if not errors or errors[0].get("type") == "json_invalid":
+        return APIError("The request body is not valid JSON.", code="invalid_json")
+    chosen = _most_specific(errors)
+    location = [part for part in chosen.get("loc", ()) if part != "body"]
     if location and location[0] in MAPPING_FIELDS:
         location = location[:1]  # the rest is the client's own keys
-    # Union members add their type name to the location; keep only the field path.
-    param = ".".join(part for part in location if not _is_type_tag(part)) or None
-    message = str(first.get("msg", "invalid request"))
+    if chosen.get("type") in KIND_ERRORS:
+        location.append(str(chosen.get("ctx", {}).get("discriminator", "")).strip("'"))
+    param = ".".join(str(part) for part in _field_path(location)) or None
+    message = str(chosen.get("msg", "invalid request"))
     if param:
         message = f"Invalid value for '{param}': {message}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return message, param
+    if chosen.get("type") in UNSUPPORTED_KIND_ERRORS:
+        return APIError(message, code="unsupported_parameter", param=param)
+    return APIError(message, code="invalid_value" if param else "invalid_json", param=param)
+
+
+def _most_specific(errors: list[Any]) -> Any:
+    """A wrong kind (role, part type) explains more than the union branches it failed; an error
+    inside a tagged union member (a content part) more than the branch that wanted a string."""
+    kind = next((error for error in errors if error.get("type") in KIND_ERRORS), None)
+    inside = next((error for error in errors if _inside_a_tagged_union_member(error.get("loc", ()))), None)
+    return kind or inside or errors[0]
+
+
+def _inside_a_tagged_union_member(location: tuple[Any, ...]) -> bool:
+    pairs = itertools.pairwise(location)
+    return any(str(part).startswith("list[tagged-union[") and isinstance(nxt, int) for part, nxt in pairs)
+
+
+def _field_path(location: list[Any]) -> list[Any]:
+    """The request's own path: pydantic adds the type of each union branch (`str`, `list[...]`)
+    and the tag of a discriminated-union member (`user`, `text`, `json_schema`)."""
+    path: list[Any] = []
+    previous: Any = None
+    for part in location:
+        may_be_tag = isinstance(previous, int) or previous in TAGGED_UNION_FIELDS
+        previous = part
+        if isinstance(part, str) and (_is_type_tag(part) or (may_be_tag and part in UNION_TAGS)):
+            continue
+        path.append(part)
+    return path
 
 
 def _is_type_tag(part: str) -> bool:
@@ -189,8 +227,7 @@ async def _api_error_handler(request: Request, exc: Exception) -> Response:
 
 async def _validation_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    message, param = describe_validation_errors(list(exc.errors()))
-    return _answer(request, APIError(message, code="invalid_value" if param else "invalid_json", param=param))
+    return _answer(request, describe_validation_errors(list(exc.errors())))
 
 
 async def _http_error_handler(request: Request, exc: Exception) -> Response:

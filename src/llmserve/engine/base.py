@@ -5,7 +5,7 @@ Types here are engine-neutral on purpose: nothing above `engine/` imports vLLM.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -116,9 +116,37 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """Defaults for the sampling fields a request omits, from the model's `generation_config.json`
+    (as vLLM's `--generation-config auto` reads it); unset fields fall back to OpenAI's defaults."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: int | None = None
+
+    @classmethod
+    def from_generation_config(cls, values: Mapping[str, Any]) -> SamplingDefaults:
+        """From generation-config keys (Hugging Face's `max_new_tokens` is `max_tokens`)."""
+        renamed = {("max_tokens" if key == "max_new_tokens" else key): value for key, value in values.items()}
+        return cls(**{name: renamed.get(name) for name in SAMPLING_DEFAULT_FIELDS})
+
+    def in_effect(self) -> dict[str, float | int]:
+        return {name: value for name in SAMPLING_DEFAULT_FIELDS if (value := getattr(self, name)) is not None}
+
+
+SAMPLING_DEFAULT_FIELDS = tuple(SamplingDefaults.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     max_model_len: int
     vocab_size: int
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
 
 @runtime_checkable
@@ -143,7 +171,7 @@ class EngineClient(Protocol):
 
     def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Yield deltas until one carries a finish_reason. Closing the iterator aborts the request."""
         ...
 

@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmserve.engine.base import (
@@ -23,6 +24,7 @@ from llmserve.engine.base import (
     GenerationDelta,
     InvalidRequestError,
     ModelInfo,
+    SamplingDefaults,
     SamplingSpec,
     TokenizedPrompt,
 )
@@ -86,10 +88,14 @@ def check_supported(sampling: SamplingSpec) -> None:
 class TransformersEngine(HfTextEngine):
     """Create with `start_transformers_engine`."""
 
-    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, config: EngineConfig, sampling_defaults: SamplingDefaults
+    ) -> None:
         self._model = model
         self._text = TextCodec(tokenizer)
-        self._model_info = ModelInfo(max_model_len=config.max_model_len, vocab_size=len(tokenizer))
+        self._model_info = ModelInfo(
+            max_model_len=config.max_model_len, vocab_size=len(tokenizer), sampling_defaults=sampling_defaults
+        )
         self._batcher = _Batcher(max_batch=config.max_num_seqs)
         self._pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -108,7 +114,7 @@ class TransformersEngine(HfTextEngine):
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         check_supported(sampling)
         if self._failed is not None:
             raise EngineDeadError(f"the baseline engine failed: {self._failed}")
@@ -222,12 +228,25 @@ def load_model(config: EngineConfig) -> tuple[Any, Any]:
     return model.to(config.device).eval(), tokenizer
 
 
+def read_sampling_defaults(config: EngineConfig) -> SamplingDefaults:
+    """What vLLM reads for `generation_config` (auto, vllm or a directory, then the overrides)."""
+    from transformers import GenerationConfig
+
+    values: dict[str, Any] = {}
+    if config.generation_config != "vllm":
+        source = config.model if config.generation_config == "auto" else Path(config.generation_config)
+        with contextlib.suppress(OSError):  # a model without generation_config.json has no defaults
+            values = GenerationConfig.from_pretrained(source).to_diff_dict()
+    values.update({str(key): value for key, value in config.override_generation_config.items()})
+    return SamplingDefaults.from_generation_config(values)
+
+
 @asynccontextmanager
 async def start_transformers_engine(config: EngineConfig) -> AsyncIterator[TransformersEngine]:
     if config.load_format != "dummy":
         check_model_dir(config.model)
     model, tokenizer = await asyncio.to_thread(load_model, config)
-    engine = TransformersEngine(model, tokenizer, config)
+    engine = TransformersEngine(model, tokenizer, config, read_sampling_defaults(config))
     try:
         yield engine
     finally:

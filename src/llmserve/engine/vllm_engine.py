@@ -6,10 +6,12 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from llmserve.engine import process_group
 from llmserve.engine.base import (
     EngineDeadError,
     EngineError,
@@ -17,6 +19,7 @@ from llmserve.engine.base import (
     InvalidRequestError,
     ModelInfo,
     PositionLogprobs,
+    SamplingDefaults,
     SamplingSpec,
     TokenizedPrompt,
     TokenLogprob,
@@ -53,6 +56,8 @@ def engine_arguments(config: EngineConfig, served_model_name: str) -> dict[str, 
         "enforce_eager": config.enforce_eager,
         "enable_prefix_caching": config.enable_prefix_caching,
         "seed": config.seed,
+        "generation_config": config.generation_config,
+        "override_generation_config": dict(config.override_generation_config),
         "tensor_parallel_size": config.tensor_parallel_size,
         "pipeline_parallel_size": config.pipeline_parallel_size,
         "data_parallel_size": config.data_parallel_size,
@@ -168,6 +173,10 @@ class VllmEngine(HfTextEngine):
         self._model_info = ModelInfo(
             max_model_len=llm.model_config.max_model_len,
             vocab_size=len(tokenizer),
+            # vLLM's own reading of generation_config (auto / vllm / a directory, with overrides).
+            sampling_defaults=SamplingDefaults.from_generation_config(
+                llm.model_config.get_diff_sampling_param()
+            ),
         )
 
     @property
@@ -190,7 +199,7 @@ class VllmEngine(HfTextEngine):
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
@@ -237,10 +246,10 @@ class VllmEngine(HfTextEngine):
         await self._llm.abort(request_id)
 
 
-def _construct_async_llm(config: EngineConfig, served_model_name: str) -> AsyncLLM:
+def _import_async_llm() -> type[AsyncLLM]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(build_engine_args(config, served_model_name))
+    return AsyncLLM
 
 
 @asynccontextmanager
@@ -249,16 +258,26 @@ async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> Asy
     check_model_dir(config.model)
     check_model_fit(config)
     apply_process_environment(config)
+    process_group.use_launcher()
     # Importing vLLM and building the engine take ~45 s of blocking work: keep it off the event
     # loop so /health answers during start-up. AsyncLLM starts its loop tasks on first use.
-    llm = await asyncio.to_thread(_construct_async_llm, config, served_model_name)
-    engine = VllmEngine(llm)
-    try:
-        yield engine
-    finally:
-        engine.release()
-        llm.shutdown()
-        # AsyncLLM.__del__ shuts down again; let it run now rather than at interpreter exit,
-        # when the modules it calls are already torn down.
-        del llm
-        gc.collect()
+    # The thread that spawns the engine core lives as long as the engine: the kernel's
+    # parent-death signal (engine/process_group.py) follows the spawning thread, not the process.
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-engine") as engine_thread:
+        # Imported in a call of its own: some module vLLM imports keeps a frame alive, and every
+        # frame it chains back to would keep the AsyncLLM alive until interpreter exit, where its
+        # __del__ fails on torn-down modules.
+        async_llm = await loop.run_in_executor(engine_thread, _import_async_llm)
+        engine_args = build_engine_args(config, served_model_name)
+        llm = await loop.run_in_executor(engine_thread, async_llm.from_engine_args, engine_args)
+        engine = VllmEngine(llm)
+        try:
+            yield engine
+        finally:
+            engine.release()
+            llm.shutdown()
+            # AsyncLLM.__del__ shuts down again; let it run now rather than at interpreter exit,
+            # when the modules it calls are already torn down.
+            del llm
+            gc.collect()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from llmserve.engine.base import ChatMessage, StructuredOutput
-from llmserve.protocol.common import OpenAIBaseModel, ResponseModel, UsageInfo
+from llmserve.protocol.common import INTEGRAL, OpenAIBaseModel, ResponseModel, UsageInfo
 from llmserve.protocol.sampling import (
     MAX_LOGPROBS,
     InvalidParameterError,
@@ -18,39 +18,78 @@ from llmserve.protocol.sampling import (
 MAX_MESSAGES = 1024
 
 
-class ContentPart(OpenAIBaseModel):
-    type: str
-    text: str | None = None
+class TextPart(OpenAIBaseModel):
+    type: Literal["text", "input_text"]
+    text: str
 
 
-class ChatMessageParam(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+# Parts are told apart by `type`; this model takes text only, so any other part type is a 400
+# unsupported_parameter (see api/errors.py: an unknown tag of a discriminated union).
+ContentPart = Annotated[TextPart, Field(discriminator="type")]
+Content = str | list[ContentPart]
+
+
+class _MessageParam(OpenAIBaseModel):
+    content: Content | None
     name: str | None = None
 
     def to_engine_message(self, position: int) -> ChatMessage:
-        param = f"messages.{position}.content"
         extra = self.model_extra or {}
         for field in ("tool_calls", "function_call", "audio"):
             if extra.get(field):
                 raise UnsupportedParameterError(f"messages.{position}.{field}", "is not supported")
         if self.content is None:
-            if self.role != "assistant":
-                raise InvalidParameterError(param, "content is required")
             text = ""
         elif isinstance(self.content, str):
             text = self.content
         else:
-            parts = []
-            for part in self.content:
-                if part.type not in ("text", "input_text") or part.text is None:
-                    raise UnsupportedParameterError(
-                        param, f"has a '{part.type}' part; this model takes text parts only"
-                    )
-                parts.append(part.text)
-            text = "\n".join(parts)
-        role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=text)
+            text = "\n".join(part.text for part in self.content)
+        return ChatMessage(role=self.engine_role, content=text)
+
+    @property
+    def engine_role(self) -> str:
+        raise NotImplementedError
+
+
+class SystemMessageParam(_MessageParam):
+    role: Literal["system", "developer"]
+    content: Content
+
+    @property
+    def engine_role(self) -> str:
+        return "system"  # `developer` is OpenAI's new name for it
+
+
+class UserMessageParam(_MessageParam):
+    role: Literal["user"]
+    content: Content
+
+    @property
+    def engine_role(self) -> str:
+        return "user"
+
+
+class AssistantMessageParam(_MessageParam):
+    role: Literal["assistant"]
+    content: Content | None = None  # may be omitted when the turn only called tools
+
+    @property
+    def engine_role(self) -> str:
+        return "assistant"
+
+
+# Discriminated by role, so /openapi.json says exactly which fields each role needs (a user
+# message must have content; an assistant message may omit it). Roles not listed (tool, function)
+# are a 400 unsupported_parameter naming messages.N.role.
+ChatMessageParam = Annotated[
+    SystemMessageParam | UserMessageParam | AssistantMessageParam, Field(discriminator="role")
+]
+# The tags of this module's discriminated unions, which pydantic writes into an error's location
+# right after the list index of a message or part, or after the field holding one (response_format).
+UNION_TAGS = frozenset(
+    {"system", "developer", "user", "assistant", "text", "input_text", "json_object", "json_schema"}
+)
+TAGGED_UNION_FIELDS = frozenset({"response_format"})
 
 
 class JsonSchemaFormat(OpenAIBaseModel):
@@ -58,22 +97,35 @@ class JsonSchemaFormat(OpenAIBaseModel):
 
     name: str = Field(default="response", max_length=64)
     description: str | None = None
-    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    json_schema: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class _Format(BaseModel):
     model_config = ConfigDict(strict=True)
 
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
 
-    @model_validator(mode="after")
-    def _schema_present(self) -> ResponseFormat:
-        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.json_schema is None):
-            raise ValueError("type 'json_schema' needs json_schema.schema")
-        return self
+class TextFormat(_Format):
+    type: Literal["text"]
 
+
+class JsonObjectFormat(_Format):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Format):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
+
+
+TEXT_ONLY_MODALITIES = {
+    "anyOf": [{"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1}, {"type": "null"}]
+}
 
 # Fields OpenAI defines that this server does not implement: a 400 naming them, never ignored.
 _UNSUPPORTED_WHEN_SET = {
@@ -89,14 +141,16 @@ _UNSUPPORTED_WHEN_SET = {
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
     response_format: ResponseFormat | None = None
-    add_generation_prompt: bool = True
+    # Unset: true, unless continue_final_message asks to extend the last message instead.
+    add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     tool_choice: Any = None
-    modalities: list[str] | None = None
+    # Served only as ["text"]; the schema says so, and anything else is a 400 unsupported_parameter.
+    modalities: Annotated[list[str] | None, WithJsonSchema(TEXT_ONLY_MODALITIES)] = None
 
     def reject_unsupported(self) -> None:
         extra = self.model_extra or {}
@@ -109,13 +163,19 @@ class ChatCompletionRequest(SamplingFields):
             raise UnsupportedParameterError("modalities", "must be ['text']")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidParameterError("top_logprobs", "requires logprobs to be true")
-        if self.add_generation_prompt and self.continue_final_message:
+        if self.add_generation_prompt and self.continue_final_message:  # both given as true
             raise InvalidParameterError(
                 "continue_final_message", "cannot be combined with add_generation_prompt"
             )
 
     def unknown_fields_ignored(self) -> list[str]:
         return [field for field in self.unknown_fields if field not in _UNSUPPORTED_WHEN_SET]
+
+    @property
+    def opens_assistant_turn(self) -> bool:
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
 
     def engine_messages(self) -> list[ChatMessage]:
         return [message.to_engine_message(i) for i, message in enumerate(self.messages)]
@@ -128,12 +188,11 @@ class ChatCompletionRequest(SamplingFields):
 
     def structured_output(self) -> StructuredOutput | None:
         response_format = self.response_format
-        if response_format is None or response_format.type == "text":
-            return None
-        if response_format.type == "json_object":
+        if isinstance(response_format, JsonObjectFormat):
             return StructuredOutput(json_object=True)
-        assert response_format.json_schema is not None
-        return StructuredOutput(json_schema=response_format.json_schema.json_schema)
+        if isinstance(response_format, JsonSchemaResponseFormat):
+            return StructuredOutput(json_schema=response_format.json_schema.json_schema)
+        return None
 
 
 class TopLogprob(ResponseModel):

@@ -5,7 +5,19 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def _integral_float_as_int(value: object) -> object:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Request integers as JSON Schema defines them: 5.0 is the integer 5 (strict pydantic alone would
+# refuse it), while 5.5, "5" and true are not integers. Use as `Annotated[int, Field(...), INTEGRAL]`:
+# constraints placed before the validator are the ones /openapi.json shows as minimum/maximum.
+INTEGRAL = BeforeValidator(_integral_float_as_int)
 
 
 class OpenAIBaseModel(BaseModel):

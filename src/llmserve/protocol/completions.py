@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, WithJsonSchema
 
-from llmserve.protocol.common import ResponseModel, UsageInfo
+from llmserve.protocol.common import INTEGRAL, ResponseModel, UsageInfo
 from llmserve.protocol.sampling import (
     MAX_LOGPROBS,
+    InvalidParameterError,
     SamplingFields,
     TokenId,
     UnsupportedParameterError,
@@ -25,19 +26,37 @@ PromptInput = (
 )
 
 
+def _no_op_or_null(value: object) -> dict[str, object]:
+    return {"anyOf": [{"const": value}, {"type": "null"}]}
+
+
+# OpenAI's and vLLM's default for completions; null asks for the rest of the context window.
+DEFAULT_COMPLETION_TOKENS = 16
+
+
 class CompletionRequest(SamplingFields):
     prompt: PromptInput
+    # 0 only with echo: score the prompt without generating (what GPT-3-era evaluation clients send).
+    max_tokens: Annotated[int, Field(ge=0), INTEGRAL] | None = DEFAULT_COMPLETION_TOKENS
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL] | None = None
     # Known OpenAI fields this server does not implement: accepted only at their no-op values.
-    best_of: int | None = Field(default=None, ge=1)
-    suffix: str | None = None
+    # The schema shows only those values, so generated clients send nothing the server refuses.
+    best_of: Annotated[int | None, INTEGRAL, WithJsonSchema(_no_op_or_null(1))] = None
+    suffix: Annotated[str | None, WithJsonSchema(_no_op_or_null(""))] = None
 
     def reject_unsupported(self) -> None:
         if self.best_of not in (None, 1):
             raise UnsupportedParameterError("best_of", "is not supported (vLLM V1 removed it); use n")
         if self.suffix:
             raise UnsupportedParameterError("suffix", "is not supported (no fill-in-the-middle model)")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidParameterError("max_tokens", "must be at least 1 unless echo is true")
+
+    @property
+    def echo_only(self) -> bool:
+        """Return the prompt (and its logprobs) without any generated text."""
+        return self.echo and self.max_tokens == 0
 
     def logprobs_count(self) -> int | None:
         return self.logprobs

@@ -6,8 +6,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, StringConstraints
 
-from llmserve.engine.base import SamplingSpec, StructuredOutput
-from llmserve.protocol.common import OpenAIBaseModel, StreamOptions
+from llmserve.engine.base import SamplingDefaults, SamplingSpec, StructuredOutput
+from llmserve.protocol.common import INTEGRAL, OpenAIBaseModel, StreamOptions
 
 MAX_N = 16
 MAX_LOGPROBS = 20
@@ -16,10 +16,13 @@ MAX_STOP_SEQUENCE_CHARS = 512
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
-TokenId = Annotated[int, Field(ge=0)]
+# Marked so /openapi.json can bound token ids by the served model's vocabulary (api/openapi.py).
+TOKEN_ID_MARK = "x-token-id"
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID_MARK: True}), INTEGRAL]
 # Declared as types (not only validators) so /openapi.json tells clients and fuzzers the truth.
 StopSequence = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
-TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
+TOKEN_ID_KEY_PATTERN = r"^[0-9]{1,9}$"
+TokenIdKey = Annotated[str, StringConstraints(pattern=TOKEN_ID_KEY_PATTERN)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
@@ -39,19 +42,19 @@ class SamplingFields(OpenAIBaseModel):
     """OpenAI's sampling fields plus vLLM's common extensions (top_k, min_p, ...)."""
 
     model: str
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: Annotated[int, Field(ge=1, le=MAX_N), INTEGRAL] = 1
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), INTEGRAL] | None = None
     stop: StopSequence | Annotated[list[StopSequence], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     logit_bias: dict[TokenIdKey, Bias] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -83,19 +86,25 @@ class SamplingFields(OpenAIBaseModel):
                         param, f"token id {token_id} is out of vocabulary (vocab_size={vocab_size})"
                     )
 
-    def to_sampling_spec(self, max_tokens: int, **extra: Any) -> SamplingSpec:
-        """The one place request fields become engine parameters: user value, else OpenAI's default."""
+    def to_sampling_spec(self, max_tokens: int, defaults: SamplingDefaults, **extra: Any) -> SamplingSpec:
+        """The one place request fields become engine parameters: the user's value, else the model's
+        default (its generation_config.json), else OpenAI's."""
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        temperature = _first(self.temperature, defaults.temperature, 1.0)
+        if self.n > 1 and temperature == 0:
+            raise InvalidParameterError(
+                "n", "must be 1 with greedy sampling (temperature 0): its choices are equal"
+            )
         return SamplingSpec(
             max_tokens=max_tokens,
             n=self.n,
-            temperature=_or(self.temperature, 1.0),
-            top_p=_or(self.top_p, 1.0),
-            top_k=_or(self.top_k, 0),
-            min_p=_or(self.min_p, 0.0),
-            presence_penalty=_or(self.presence_penalty, 0.0),
-            frequency_penalty=_or(self.frequency_penalty, 0.0),
-            repetition_penalty=_or(self.repetition_penalty, 1.0),
+            temperature=temperature,
+            top_p=_first(self.top_p, defaults.top_p, 1.0),
+            top_k=_first(self.top_k, defaults.top_k, 0),
+            min_p=_first(self.min_p, defaults.min_p, 0.0),
+            presence_penalty=_first(self.presence_penalty, defaults.presence_penalty, 0.0),
+            frequency_penalty=_first(self.frequency_penalty, defaults.frequency_penalty, 0.0),
+            repetition_penalty=_first(self.repetition_penalty, defaults.repetition_penalty, 1.0),
             seed=self.seed,
             stop=tuple(stops),
             stop_token_ids=tuple(self.stop_token_ids or ()),
@@ -110,5 +119,7 @@ class SamplingFields(OpenAIBaseModel):
 T = TypeVar("T")
 
 
-def _or(value: T | None, default: T) -> T:
-    return default if value is None else value
+def _first(value: T | None, model_default: T | None, openai_default: T) -> T:
+    if value is not None:
+        return value
+    return openai_default if model_default is None else model_default

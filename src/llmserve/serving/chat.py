@@ -62,17 +62,13 @@ class ChatService(GenerationService):
         request.check_token_ids(info.vocab_size)
         prompt = await self._engine.render_chat(
             request.engine_messages(),
-            add_generation_prompt=request.add_generation_prompt,
+            add_generation_prompt=request.opens_assistant_turn,
             continue_final_message=request.continue_final_message,
         )
         max_tokens = fit_max_tokens(
-            len(prompt.token_ids),
-            request.requested_max_tokens(),
-            info.max_model_len,
-            "messages",
-            self._max_prompt_tokens,
+            len(prompt.token_ids), request.requested_max_tokens(), info, "messages", self._max_prompt_tokens
         )
-        planned = PlannedPrompt(prompt, request.to_sampling_spec(max_tokens))
+        planned = PlannedPrompt(prompt, request.to_sampling_spec(max_tokens, info.sampling_defaults))
         return PlannedChat(request, request_id, unix_time(), planned)
 
     async def complete(self, plan: PlannedChat) -> ChatCompletionResponse:

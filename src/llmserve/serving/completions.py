@@ -83,17 +83,17 @@ class CompletionService(GenerationService):
         info = self._engine.model_info
         request.check_token_ids(info.vocab_size)
         planned, echo_texts = [], []
+        # Scoring a prompt (echo, max_tokens 0) still runs one step: vLLM generates a token at least.
+        requested = 1 if request.echo_only else request.requested_max_tokens()
         for prompt_input in _split_prompts(request.prompt):
             prompt = await self._tokenize(prompt_input)
             max_tokens = fit_max_tokens(
-                len(prompt.token_ids),
-                request.requested_max_tokens(),
-                info.max_model_len,
-                "prompt",
-                self._max_prompt_tokens,
+                len(prompt.token_ids), requested, info, "prompt", self._max_prompt_tokens
             )
             prompt_logprobs = request.logprobs if request.echo and request.logprobs is not None else None
-            sampling = request.to_sampling_spec(max_tokens, prompt_logprobs=prompt_logprobs)
+            sampling = request.to_sampling_spec(
+                max_tokens, info.sampling_defaults, prompt_logprobs=prompt_logprobs
+            )
             planned.append(PlannedPrompt(prompt, sampling))
             echo_texts.append(await self._prompt_text(prompt) if request.echo else "")
         return PlannedCompletion(request, request_id, unix_time(), planned, echo_texts)
@@ -120,12 +120,13 @@ class CompletionService(GenerationService):
         for index, state in enumerate(states):
             prompt_index = plan.prompt_of_choice(index)
             echo = plan.echo_texts[prompt_index]
+            generated, positions = ("", []) if plan.request.echo_only else (state.text, state.logprobs)
             logprobs = None
             if plan.request.logprobs is not None:
-                logprobs = await self._logprobs(plan, prompt_index, state.prompt_logprobs, state.logprobs)
+                logprobs = await self._logprobs(plan, prompt_index, state.prompt_logprobs, positions)
             choices.append(
                 CompletionChoice(
-                    index=index, text=echo + state.text, logprobs=logprobs, finish_reason=state.finish_reason
+                    index=index, text=echo + generated, logprobs=logprobs, finish_reason=state.finish_reason
                 )
             )
         completion_tokens = sum(state.token_count for state in states)
@@ -147,14 +148,15 @@ class CompletionService(GenerationService):
             completion_tokens += len(delta.token_ids)
             first = index not in text_offsets
             prompt_index = plan.prompt_of_choice(index)
-            text = plan.echo_texts[prompt_index] + delta.text if first else delta.text
+            generated, positions = ("", []) if plan.request.echo_only else (delta.text, delta.logprobs or [])
+            text = plan.echo_texts[prompt_index] + generated if first else generated
             if not text and delta.finish_reason is None:
                 continue
             logprobs = None
             if plan.request.logprobs is not None:
                 prompt_positions = delta.prompt_logprobs if first else None
                 logprobs = await self._logprobs(
-                    plan, prompt_index, prompt_positions, delta.logprobs or [], text_offsets.get(index, 0)
+                    plan, prompt_index, prompt_positions, positions, text_offsets.get(index, 0)
                 )
             text_offsets[index] = text_offsets.get(index, 0) + len(text)
             choice = CompletionChoice(

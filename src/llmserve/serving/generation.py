@@ -10,6 +10,7 @@ from llmserve.engine.base import (
     EngineClient,
     GenerationDelta,
     InvalidRequestError,
+    ModelInfo,
     PositionLogprobs,
     PromptTooLongError,
     SamplingSpec,
@@ -77,15 +78,23 @@ class PromptOverLimitError(InvalidRequestError):
 
 
 def fit_max_tokens(
-    prompt_len: int, requested: int | None, max_model_len: int, param: str, max_prompt_tokens: int | None
+    prompt_len: int,
+    requested: int | None,
+    model: ModelInfo,
+    param: str,
+    max_prompt_tokens: int | None,
 ) -> int:
-    """The completion budget: as requested, or the rest of the context window (as OpenAI does)."""
+    """The completion budget: as requested, else the model's default (generation_config.json's
+    max_new_tokens), capped by the rest of the context window, as vLLM does."""
     if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
         raise PromptOverLimitError(prompt_len, max_prompt_tokens, param)
-    max_tokens = requested if requested is not None else max(max_model_len - prompt_len, 1)
-    if prompt_len + max_tokens > max_model_len:
-        raise PromptTooLongError(prompt_len, max_tokens, max_model_len, param=param)
-    return max_tokens
+    if requested is None:
+        rest_of_window = max(model.max_model_len - prompt_len, 1)
+        default = model.sampling_defaults.max_tokens
+        requested = rest_of_window if default is None else min(default, rest_of_window)
+    if prompt_len + requested > model.max_model_len:
+        raise PromptTooLongError(prompt_len, requested, model.max_model_len, param=param)
+    return requested
 
 
 async def run_generations(

@@ -20,9 +20,16 @@ def completion_logprobs(
     return CompletionLogprobs(
         tokens=list(tokens_text),
         token_logprobs=[p.chosen.logprob if p else None for p in positions],
-        top_logprobs=[{top.token: top.logprob for top in p.top} if p else None for p in positions],
+        top_logprobs=[_top_with_chosen(p) if p else None for p in positions],
         text_offset=offsets,
     )
+
+
+def _top_with_chosen(position: PositionLogprobs) -> dict[str, float]:
+    """OpenAI lists the sampled token among the top ones, so a position has up to logprobs + 1."""
+    top = {position.chosen.token: position.chosen.logprob}
+    top.update((candidate.token, candidate.logprob) for candidate in position.top)
+    return top
 
 
 def chat_logprobs(positions: Sequence[PositionLogprobs]) -> ChoiceLogprobs:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -17,20 +18,22 @@ def sse_event(payload: BaseModel) -> bytes:
 
 
 async def merge_async_iterators(
-    iterators: list[AsyncIterator[T]],
+    iterators: Sequence[AsyncGenerator[T, None]],
 ) -> AsyncIterator[tuple[int, T]]:
-    """Yield (source index, item) as items arrive from any iterator; cancel all on exit."""
+    """Yield (source index, item) as items arrive from any iterator; close all on exit."""
     if len(iterators) == 1:
-        async for item in iterators[0]:
-            yield 0, item
+        async with aclosing(iterators[0]) as only:
+            async for item in only:
+                yield 0, item
         return
     queue: asyncio.Queue[tuple[int, T] | None] = asyncio.Queue()
     failures: list[BaseException] = []
 
-    async def pump(index: int, iterator: AsyncIterator[T]) -> None:
+    async def pump(index: int, iterator: AsyncGenerator[T, None]) -> None:
         try:
-            async for item in iterator:
-                await queue.put((index, item))
+            async with aclosing(iterator) as items:
+                async for item in items:
+                    await queue.put((index, item))
         except Exception as exc:  # handed to the consumer, which re-raises it
             failures.append(exc)
         finally:
