@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import httpx
 import psutil
 
 from loadtest.bench_driver import RunStats, drive, engine_sender, http_sender
+from loadtest.report import BENCHMARK_DOCS, machine_description, publish
 from loadtest.server_process import REPO, start_server, tree_rss_bytes
 from loadtest.workload import Workload, offline_batch, poisson_arrivals, repetitive_text, shared_system_prompt
 
@@ -189,7 +189,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every ratio the README quotes, computed from rows of the same run."""
+    """Every ratio the docs quote, computed from rows of the same run."""
     for row in rows:
         base = find(rows, row["mode"], BASELINE, row["workload_key"])
         row["tok_s_vs_baseline"] = ratio(
@@ -305,20 +305,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, {psutil.cpu_count()} logical CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, no GPU"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -359,7 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     }, indent=2))  # fmt: skip
     (args.out / "bench.md").write_text(report)
     plot(rows, args.out / "bench.png")
-    print(f"wrote {args.out}/bench.json, bench.md, bench.png ({time.monotonic() - started:.0f} s)")
+    plot(rows, BENCHMARK_DOCS / "engines.png")
+    command = " ".join(
+        ["make bench  # python -m loadtest.engine_bench", *(sys.argv[1:] if argv is None else argv)]
+    )
+    published = publish("engines", "Engines side by side: static batching, vLLM, vLLM + ngram", command,
+                        report, images=(BENCHMARK_DOCS / "engines.png",))  # fmt: skip
+    elapsed = time.monotonic() - started
+    print(f"wrote {args.out}/bench.json, bench.md, bench.png and {published} ({elapsed:.0f} s)")
     return 0
 
 

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from loadtest.bench_driver import percentile
+from loadtest.report import publish
 from loadtest.server_process import start_server
 from loadtest.workload import seeded_prompt
 
@@ -143,7 +145,23 @@ def main() -> None:
             f"{s.refusal_p99_ms:10.1f} {s.goodput_rps:9.2f}"
         )
     on, off = summaries
-    print(f"admitted p99 with shedding / without: {on.admitted_p99_s / off.admitted_p99_s:.2f}x")
+    ratio = f"admitted p99 with shedding / without: {on.admitted_p99_s / off.admitted_p99_s:.2f}x"
+    print(ratio)
+    rows = [
+        "| setting | offered | 200 | 429 | admitted p50 s | admitted p99 s | 429 p50 ms | 429 p99 ms "
+        "| goodput req/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(
+            f"| {s.setting} | {s.offered} | {s.admitted_ok} | {s.refused_429} | {s.admitted_p50_s:.2f} | "
+            f"{s.admitted_p99_s:.2f} | {s.refusal_p50_ms:.0f} | {s.refusal_p99_ms:.0f} "
+            f"| {s.goodput_rps:.2f} |"
+            for s in summaries
+        ),
+    ]
+    workload = f"Seeded Poisson arrivals at {args.rate:g} req/s for {args.duration:g} s (seed {args.seed})."
+    command = f"make bench-overload  # python -m loadtest.overload_bench {' '.join(sys.argv[1:])}"
+    body = "\n".join([workload, "", *rows, "", ratio])
+    print(f"wrote {publish('overload', 'Overload: admission on and off', command, body)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.engine_bench import machine_description
 from loadtest.locust_options import STREAM_HEADERS_NAME
+from loadtest.report import BENCHMARK_DOCS, machine_description, publish
 from loadtest.server_process import REPO, free_port, start_server
 from loadtest.slo import Check, SloTargets, evaluate, highest_passing, load_slo, passed, verdict_table
 
@@ -294,6 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     (out / "verdict.md").write_text(text + "\n")
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    if args.mode == "all" and args.url is None:  # a full run against a server it started: publish it
+        images = []
+        for source, target in (("run_over_time.png", f"loadtest-{args.slo}-run.png"),
+                               ("sweep.png", f"loadtest-{args.slo}-sweep.png")):  # fmt: skip
+            if (out / source).exists():
+                shutil.copy(out / source, BENCHMARK_DOCS / target)
+                images.append(BENCHMARK_DOCS / target)
+        flags = " ".join(argv or sys.argv[1:])
+        command = f"make loadtest SLO={args.slo}  # python -m loadtest.run_loadtest {flags}"
+        published = publish(
+            f"loadtest-{args.slo}", f"Load test, SLO {args.slo}", command, text, tuple(images)
+        )
+        print(f"wrote {published}")
     return 0 if ok else 1
 
 

@@ -15,7 +15,6 @@ from llmserve.config import Config
 from llmserve.engine.base import (
     ChatMessage,
     EngineClient,
-    EngineError,
     GenerationDelta,
     ModelInfo,
     PositionLogprobs,
@@ -24,6 +23,7 @@ from llmserve.engine.base import (
     TokenizedPrompt,
     TokenLogprob,
 )
+from llmserve.errors import EngineFailedError
 
 FAIL_MID_STREAM = "FAIL_MID_STREAM"
 
@@ -46,6 +46,7 @@ class FakeEngine:
         self.token_delay_s = 0.0
         self.samplings: list[SamplingSpec] = []
         self.rendered: list[list[ChatMessage]] = []
+        self.deltas_yielded = 0
 
     @property
     def model_info(self) -> ModelInfo:
@@ -83,6 +84,7 @@ class FakeEngine:
                         delta.prompt_logprobs = self._prompt_logprobs(prompt, sampling.prompt_logprobs)
                     if self.token_delay_s:
                         await asyncio.sleep(self.token_delay_s)
+                    self.deltas_yielded += 1
                     yield delta
             finished = True
         finally:
@@ -93,7 +95,7 @@ class FakeEngine:
         deltas = []
         for position in range(sampling.max_tokens):
             if position == 1 and prompt.text and FAIL_MID_STREAM in prompt.text:
-                raise EngineError("fake failure")
+                raise EngineFailedError("fake failure")
             word = f" w{position}"
             if word.strip() in sampling.stop:
                 deltas.append(GenerationDelta(text="", token_ids=[], finish_reason="stop", index=choice))
@@ -123,9 +125,6 @@ class FakeEngine:
             chosen = TokenLogprob(token_id, f" t{token_id}", -1.0)
             positions.append(PositionLogprobs(chosen, (TokenLogprob(999, " zz", -0.1), chosen)[:top_n]))
         return positions
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
 
 
 def fake_starter(engine: FakeEngine):  # type: ignore[no-untyped-def]

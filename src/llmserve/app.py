@@ -11,17 +11,22 @@ from fastapi import FastAPI
 
 from llmserve import __version__
 from llmserve.api import chat, completions, health, models, scrape
-from llmserve.api.admission import AdmissionController
 from llmserve.api.auth import ApiKeyRequired, KeyRing
 from llmserve.api.body_limit import BodyLimitsMiddleware
+from llmserve.api.deps import Generation
 from llmserve.api.errors import install_error_handlers
 from llmserve.api.observability import MetricsMiddleware
 from llmserve.api.openapi import install_openapi
-from llmserve.api.rate_limits import RateLimiter
 from llmserve.config import Config
 from llmserve.engine import start_engine
 from llmserve.metrics import GatewayMetrics
+from llmserve.policy.admission import AdmissionQueue
+from llmserve.policy.permits import Permits
+from llmserve.policy.rate_limits import RateLimiter
 from llmserve.runtime import EngineRuntime, EngineStarter
+from llmserve.serving.chat import ChatService
+from llmserve.serving.completions import CompletionService
+from llmserve.serving.pipeline import Pipeline
 
 
 def _terminate_self() -> None:
@@ -34,8 +39,16 @@ def create_app(
     engine_starter: EngineStarter | None = None,
     on_fatal: Callable[[], None] = _terminate_self,
 ) -> FastAPI:
-    runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal)
+    admission = AdmissionQueue(config.admission)
+    permits = Permits(admission, RateLimiter(config.auth))
+    runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal, permits)
     gateway_metrics = GatewayMetrics(config.server.served_model_name)
+    gateway_metrics.watch_queue(waiting=lambda: admission.waiting, in_flight=permits.in_flight)
+    generation = Generation(
+        pipeline=Pipeline(config, runtime, permits),
+        completions=CompletionService(config.server.served_model_name, config.admission.max_prompt_tokens),
+        chat=ChatService(config.server.served_model_name, config.admission.max_prompt_tokens),
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -54,6 +67,9 @@ def create_app(
     app.state.config = config
     app.state.runtime = runtime
     app.state.metrics = gateway_metrics
+    app.state.generation = generation
+    app.state.permits = permits
+    app.state.keys = KeyRing.from_config(config.auth)
     app.add_middleware(
         BodyLimitsMiddleware,
         max_body_bytes=config.server.max_request_body_bytes,
@@ -61,10 +77,6 @@ def create_app(
     )
     # Added last, so outermost: every request is observed, also those refused for their size.
     app.add_middleware(MetricsMiddleware, metrics=gateway_metrics)
-    app.state.keys = KeyRing.from_config(config.auth)
-    app.state.admission = AdmissionController(config.admission)
-    app.state.rate_limiter = RateLimiter(config.auth)
-    gateway_metrics.watch_admission(lambda: app.state.admission.waiting)
     install_error_handlers(app)
     install_openapi(app, config.server.served_model_name, lambda: runtime.vocab_size)
     for module in (completions, chat, models):

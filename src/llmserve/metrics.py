@@ -13,8 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from llmserve.errors import ServingError
 
 # Bucket edges include 0.05, 0.1, 0.2 and 0.5 s so the 200 ms SLO line can be read off directly.
 LATENCY_BUCKETS_S = (
@@ -68,7 +71,7 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge(
             "llmserve_requests_in_flight",
-            "Requests being served now.",
+            "Generation requests being served now (planning, queued, generating or streaming).",
             labels,
             registry=self.registry,
         )
@@ -127,7 +130,6 @@ class GatewayMetrics:
         )
         # Every generation-route series exists from the start, so dashboards read 0, not "no data".
         per_route = (
-            self.in_flight,
             self.e2e_latency,
             self.queue_wait,
             self.ttft,
@@ -142,8 +144,11 @@ class GatewayMetrics:
             for reason in REJECTION_REASONS:
                 self.rejections.labels(model, route, reason)
 
-    def watch_admission(self, waiting: Callable[[], int]) -> None:
+    def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[str], int]) -> None:
+        """The gauges read the admission queue and the permits held (policy/): counted once, there."""
         self.waiting.labels(self.model).set_function(waiting)
+        for route in GENERATION_ROUTES:
+            self.in_flight.labels(self.model, route).set_function(partial(in_flight, route))
 
     def observation(self, path: str) -> RequestObservation:
         return RequestObservation(self, route_label(path))
@@ -188,9 +193,12 @@ class RequestObservation:
         self.generated_tokens += count
         self.metrics.generation_tokens.labels(*self._labels).inc(count)
 
-    def on_error(self, code: str | None) -> None:
+    def on_error(self, error: ServingError) -> None:
+        """The one place an error sent to the client (as JSON or inside a stream) is counted."""
         self.failed = True
-        self.metrics.errors.labels(*self._labels, code or "unknown").inc()
+        self.metrics.errors.labels(*self._labels, error.code or "unknown").inc()
+        if error.rejection is not None:
+            self.on_rejected(error.rejection)
 
     def on_rejected(self, reason: str) -> None:
         self.failed = True

@@ -14,8 +14,15 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, aclosing
 
 from llmserve.config import Config
-from llmserve.deadlines import DeadlineBook
-from llmserve.engine.base import EngineClient, EngineError, SamplingSpec
+from llmserve.engine.base import EngineClient, SamplingSpec
+from llmserve.errors import (
+    DrainingError,
+    EngineDeadError,
+    EngineFailedError,
+    EngineNotReadyError,
+    EngineRefusedError,
+)
+from llmserve.policy.permits import Permits
 
 logger = logging.getLogger(__name__)
 
@@ -24,16 +31,10 @@ WARMUP_PROMPT = "Hello"
 WATCHDOG_INTERVAL_S = 1.0
 
 
-class EngineNotReadyError(EngineError):
-    """The engine is still starting, or has stopped."""
-
-
-class DrainingError(EngineError):
-    """The server is shutting down: it finishes what it has and takes nothing new."""
-
-
 class EngineRuntime:
-    def __init__(self, config: Config, starter: EngineStarter, on_fatal: Callable[[], None]) -> None:
+    def __init__(
+        self, config: Config, starter: EngineStarter, on_fatal: Callable[[], None], permits: Permits
+    ) -> None:
         self._config = config
         self._starter = starter
         self._on_fatal = on_fatal
@@ -42,7 +43,7 @@ class EngineRuntime:
         self._task: asyncio.Task[None] | None = None
         self.exit_code = 0
         self.ready_after_s: float | None = None
-        self.deadlines = DeadlineBook()
+        self._permits = permits
         self.draining = False
         self._probe: asyncio.Task[bool] | None = None
         self._probed_ok_at = -math.inf
@@ -63,9 +64,9 @@ class EngineRuntime:
 
     def engine(self) -> EngineClient:
         if self.draining:
-            raise DrainingError("the server is shutting down")
+            raise DrainingError()
         if self._engine is None:
-            raise EngineNotReadyError("the inference engine is not ready")
+            raise EngineNotReadyError()
         return self._engine
 
     def begin_drain(self, timeout_s: float) -> None:
@@ -73,9 +74,11 @@ class EngineRuntime:
         if self.draining:
             return
         self.draining = True
-        self.deadlines.drain(timeout_s)
+        self._permits.drain(timeout_s)
         logger.info(
-            "draining: %d request(s) in flight get up to %.0f s to finish", len(self.deadlines), timeout_s
+            "draining: %d request(s) in flight get up to %.0f s to finish",
+            self._permits.in_flight(),
+            timeout_s,
         )
 
     async def probe(self) -> bool:
@@ -96,7 +99,7 @@ class EngineRuntime:
         try:
             async with asyncio.timeout(self._config.server.readiness_probe_timeout_s):
                 await warm_up(engine)
-        except (TimeoutError, EngineError):
+        except (TimeoutError, EngineFailedError, EngineDeadError, EngineRefusedError):
             logger.warning("readiness probe: the engine did not generate a token in time")
             if self._probes_failing_since is None:
                 self._probes_failing_since = started
@@ -124,7 +127,7 @@ class EngineRuntime:
 
     @property
     def drained(self) -> bool:
-        return self.draining and len(self.deadlines) == 0
+        return self.draining and self._permits.in_flight() == 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="llmserve-engine")
@@ -177,4 +180,4 @@ async def warm_up(engine: EngineClient) -> None:
         async for delta in deltas:
             if delta.finished:
                 return
-    raise EngineError("the warm-up generation ended without finishing")
+    raise EngineFailedError("the warm-up generation ended without finishing")

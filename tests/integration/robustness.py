@@ -1,4 +1,4 @@
-"""What the robustness tests tried and saw, printed at the end of the session (README "Reliability")."""
+"""What the robustness tests tried and saw, printed at the end of the session (docs/testing.md)."""
 
 from __future__ import annotations
 

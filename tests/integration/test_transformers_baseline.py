@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from llmserve.config import load_config
-from llmserve.engine.base import GenerationDelta, InvalidRequestError, SamplingSpec
+from llmserve.engine.base import GenerationDelta, SamplingSpec
 from llmserve.engine.transformers_engine import TransformersEngine, start_transformers_engine
+from llmserve.errors import EngineRefusedError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,6 +62,6 @@ async def test_greedy_is_deterministic_and_stop_strings_cut_the_text(baseline: T
 
 async def test_features_static_batching_lacks_are_refused_by_name(baseline: TransformersEngine) -> None:
     prompt = await baseline.tokenize("Hi")
-    with pytest.raises(InvalidRequestError, match="logprobs"):
+    with pytest.raises(EngineRefusedError, match="logprobs"):
         async for _ in baseline.generate(prompt, SamplingSpec(max_tokens=2, logprobs=1), "x"):
             pass

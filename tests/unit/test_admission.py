@@ -8,9 +8,10 @@ import httpx
 import pytest
 from loadtest.prom import Scrape
 
-from llmserve.api.admission import AdmissionController, OverloadedError
 from llmserve.app import create_app
 from llmserve.config import AdmissionConfig, load_config, parse_overrides
+from llmserve.errors import OverloadedError
+from llmserve.policy.admission import AdmissionQueue
 from tests.fake_engine import FakeEngine, fake_starter
 from tests.unit.conftest import MODEL
 
@@ -23,9 +24,9 @@ class FakeClock:
         return self.now
 
 
-def controller(clock: FakeClock | None = None, **limits: object) -> AdmissionController:
+def controller(clock: FakeClock | None = None, **limits: object) -> AdmissionQueue:
     settings = {"max_in_flight": 2, "max_waiting": 2, "queue_timeout_s": 0.5, **limits}
-    return AdmissionController(AdmissionConfig.model_validate(settings), clock or FakeClock())
+    return AdmissionQueue(AdmissionConfig.model_validate(settings), clock or FakeClock())
 
 
 async def test_under_capacity_requests_are_admitted_at_once() -> None:
@@ -144,4 +145,4 @@ async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
             metrics = Scrape.parse((await client.get("/metrics")).text)
     assert metrics.value("llmserve_rejections_total", reason="overloaded") == 2
     assert metrics.value("llmserve_queue_wait_seconds_count") == 2
-    assert app.state.admission.running == 0
+    assert app.state.permits.admission.running == 0

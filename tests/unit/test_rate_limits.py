@@ -7,8 +7,9 @@ import json
 import pytest
 from loadtest.prom import Scrape
 
-from llmserve.api.rate_limits import RateLimitedError, RateLimiter, TokenBucket
 from llmserve.config import AuthConfig, parse_overrides
+from llmserve.errors import RateLimitedError
+from llmserve.policy.rate_limits import KeyLimits, RateLimiter, TokenBucket
 from tests.unit.conftest import MODEL, make_client
 
 
@@ -32,24 +33,32 @@ def test_bucket_refills_at_its_per_minute_rate() -> None:
     assert bucket.level == 60, "never above capacity"
 
 
-def test_token_reservation_is_refunded_to_actual_use() -> None:
+def limits(limiter: RateLimiter, key_id: str) -> KeyLimits:
+    key = limiter.limits_of(key_id)
+    assert key is not None
+    return key
+
+
+def test_tokens_given_back_can_be_reserved_again() -> None:
     clock = FakeClock()
-    limiter = RateLimiter(AuthConfig(api_keys=["k"], tokens_per_minute=100), clock)
-    reservation = limiter.reserve_tokens("key", 90)
+    key = limits(RateLimiter(AuthConfig(api_keys=["k"], tokens_per_minute=100), clock), "key")
+    assert key.reserve_tokens(90) == 90
     with pytest.raises(RateLimitedError) as refused:
-        limiter.reserve_tokens("key", 20)
-    assert refused.value.kind == "tokens"
-    assert refused.value.retry_after_s == 6  # 10 missing at 100/min
-    reservation.settle(15)
-    limiter.reserve_tokens("key", 80)
+        key.reserve_tokens(20)
+    assert refused.value.type == "tokens"
+    assert refused.value.headers["Retry-After"] == "6"  # 10 missing at 100/min
+    key.give_back_tokens(90 - 15)  # it used 15
+    assert key.reserve_tokens(80) == 80
 
 
-def test_keys_have_their_own_buckets() -> None:
+def test_keys_have_their_own_buckets_and_no_key_has_no_limits() -> None:
     limiter = RateLimiter(AuthConfig(api_keys=["k"], requests_per_minute=1), FakeClock())
-    limiter.take_request("a")
+    limits(limiter, "a").take_request()
     with pytest.raises(RateLimitedError):
-        limiter.take_request("a")
-    limiter.take_request("b")
+        limits(limiter, "a").take_request()
+    limits(limiter, "b").take_request()
+    assert limiter.limits_of(None) is None
+    assert RateLimiter(AuthConfig(api_keys=["k"]), FakeClock()).limits_of("a") is None
 
 
 @pytest.fixture

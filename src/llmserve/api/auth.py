@@ -9,8 +9,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from llmserve.api.errors import APIError
 from llmserve.config import AuthConfig, ConfigError
+from llmserve.errors import UnauthorizedError
 
 DIGEST_PREFIX = "sha256:"
 
@@ -67,28 +67,21 @@ def read_key_file(path: Path) -> list[bytes]:
     return digests
 
 
-def unauthorized(message: str) -> APIError:
-    return APIError(message, status_code=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-
-def require_api_key(
+async def require_api_key(
     request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
-) -> None:
+) -> str | None:
+    """The caller's key identity (None when keys are off); 401 without a valid key."""
     keys: KeyRing | None = request.app.state.keys
     if keys is None:
-        return
+        return None
     if not authorization:
-        raise unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
+        raise UnauthorizedError("You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
     scheme, _, key = authorization.partition(" ")
     key_id = keys.identify(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
     if key_id is None:
-        raise unauthorized("Incorrect API key provided.")
-    request.state.api_key_id = key_id
-
-
-def api_key_id(request: Request) -> str | None:
-    key_id: str | None = getattr(request.state, "api_key_id", None)
+        raise UnauthorizedError("Incorrect API key provided.")
     return key_id
 
 
 ApiKeyRequired = Depends(require_api_key)
+ApiKeyDep = Annotated[str | None, ApiKeyRequired]

@@ -13,8 +13,9 @@ import time
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmserve.api.errors import BODY_TIMEOUT_CODE, TOO_LARGE_CODE, APIError, record_error
+from llmserve.api.errors import error_response
 from llmserve.api.observability import OBSERVATION_KEY
+from llmserve.errors import BodyReadTimeoutError, BodyTooLargeError, ServingError
 from llmserve.metrics import RequestObservation
 
 
@@ -29,7 +30,7 @@ def too_slow_message(limit_s: float) -> str:
 class BodyRefusedError(HTTPException):
     """Raised while the body streams in; FastAPI passes HTTPExceptions to the error handlers."""
 
-    def __init__(self, error: APIError) -> None:
+    def __init__(self, error: ServingError) -> None:
         super().__init__(status_code=error.status_code, detail=error.message)
         self.error = error
 
@@ -42,11 +43,11 @@ class BodyLimitsMiddleware:
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
 
-    def _too_large(self) -> APIError:
-        return APIError(too_large_message(self.max_body_bytes), status_code=413, code=TOO_LARGE_CODE)
+    def _too_large(self) -> ServingError:
+        return BodyTooLargeError(too_large_message(self.max_body_bytes))
 
-    def _too_slow(self) -> APIError:
-        return APIError(too_slow_message(self.read_timeout_s), status_code=408, code=BODY_TIMEOUT_CODE)
+    def _too_slow(self) -> ServingError:
+        return BodyReadTimeoutError(too_slow_message(self.read_timeout_s))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,7 +90,8 @@ class BodyLimitsMiddleware:
             if not started:
                 await self._refuse(scope, receive, send, refused.error)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: APIError) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: ServingError) -> None:
         observation: RequestObservation | None = scope.get("state", {}).get(OBSERVATION_KEY)
-        record_error(observation, error)
-        await error.to_response()(scope, receive, send)
+        if observation is not None:
+            observation.on_error(error)
+        await error_response(error)(scope, receive, send)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from llmserve.api.deps import GatewayDep
-from llmserve.api.generation import ERROR_RESPONSES
+from llmserve.api.auth import ApiKeyDep
+from llmserve.api.deps import GenerationDep, ObservationDep
 from llmserve.api.json_body import JsonBodyRoute
+from llmserve.api.openapi import GENERATION_ERROR_RESPONSES
 from llmserve.protocol.completions import CompletionRequest, CompletionResponse
-from llmserve.serving.completions import CompletionService
 
 router = APIRouter(tags=["completions"], route_class=JsonBodyRoute)
 
@@ -17,7 +17,13 @@ router = APIRouter(tags=["completions"], route_class=JsonBodyRoute)
 @router.post(
     "/v1/completions",
     response_model=CompletionResponse,
-    responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES},
+    responses={200: {"content": {"text/event-stream": {}}}, **GENERATION_ERROR_RESPONSES},
 )
-async def create_completion(body: CompletionRequest, request: Request, gateway: GatewayDep) -> Response:
-    return await gateway.serve(request, body, CompletionService, "cmpl")
+async def create_completion(
+    body: CompletionRequest,
+    request: Request,
+    key: ApiKeyDep,
+    observation: ObservationDep,
+    generation: GenerationDep,
+) -> Response:
+    return await generation.pipeline.serve(request, body, generation.completions, key, observation)

@@ -1,54 +1,53 @@
-"""Annotated dependencies: what a route handler may ask for."""
+"""Annotated dependencies: what a route handler may ask for. All async: FastAPI runs sync ones in
+its thread pool, a thread hop on every request."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from llmserve.api.admission import AdmissionController
-from llmserve.api.generation import Gateway
-from llmserve.api.rate_limits import RateLimiter
+from llmserve.api.observability import require_observation
 from llmserve.config import Config
 from llmserve.engine.base import EngineClient
+from llmserve.metrics import RequestObservation
 from llmserve.runtime import EngineRuntime
+from llmserve.serving.chat import ChatService
+from llmserve.serving.completions import CompletionService
+from llmserve.serving.pipeline import Pipeline
 
 
-def get_config(request: Request) -> Config:
+@dataclass(frozen=True)
+class Generation:
+    """The pipeline and the endpoint services, built once by create_app."""
+
+    pipeline: Pipeline
+    completions: CompletionService
+    chat: ChatService
+
+
+async def get_config(request: Request) -> Config:
     config: Config = request.app.state.config
     return config
 
 
-def get_runtime(request: Request) -> EngineRuntime:
+async def get_runtime(request: Request) -> EngineRuntime:
     runtime: EngineRuntime = request.app.state.runtime
     return runtime
 
 
-def get_engine(runtime: Annotated[EngineRuntime, Depends(get_runtime)]) -> EngineClient:
+async def get_engine(runtime: Annotated[EngineRuntime, Depends(get_runtime)]) -> EngineClient:
     return runtime.engine()
 
 
-def get_admission(request: Request) -> AdmissionController:
-    admission: AdmissionController = request.app.state.admission
-    return admission
-
-
-def get_rate_limiter(request: Request) -> RateLimiter:
-    limiter: RateLimiter = request.app.state.rate_limiter
-    return limiter
+async def get_generation(request: Request) -> Generation:
+    generation: Generation = request.app.state.generation
+    return generation
 
 
 ConfigDep = Annotated[Config, Depends(get_config)]
-RateLimiterDep = Annotated[RateLimiter, Depends(get_rate_limiter)]
-AdmissionDep = Annotated[AdmissionController, Depends(get_admission)]
 RuntimeDep = Annotated[EngineRuntime, Depends(get_runtime)]
 EngineDep = Annotated[EngineClient, Depends(get_engine)]
-
-
-def get_gateway(
-    config: ConfigDep, engine: EngineDep, admission: AdmissionDep, limiter: RateLimiterDep
-) -> Gateway:
-    return Gateway(config, engine, admission, limiter)
-
-
-GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+GenerationDep = Annotated[Generation, Depends(get_generation)]
+ObservationDep = Annotated[RequestObservation, Depends(require_observation)]

@@ -6,8 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from llmserve.api.deps import RuntimeDep
-from llmserve.api.errors import service_unavailable
+from llmserve.api.errors import error_response
 from llmserve.api.openapi import error_responses
+from llmserve.errors import EngineDeadError, EngineNotReadyError
 
 router = APIRouter(tags=["health"])
 
@@ -17,8 +18,7 @@ router = APIRouter(tags=["health"])
 )
 async def health(runtime: RuntimeDep) -> Response:
     if runtime.is_failed:
-        error = service_unavailable("The inference engine is not running.", "engine_dead")
-        return error.to_response()
+        return error_response(EngineDeadError())
     return JSONResponse({"status": "ok"})
 
 
@@ -29,6 +29,5 @@ async def health(runtime: RuntimeDep) -> Response:
 )
 async def ready(runtime: RuntimeDep) -> Response:
     if not await runtime.probe():
-        error = service_unavailable("The inference engine is not ready yet.", "engine_not_ready", 5)
-        return error.to_response()
+        return error_response(EngineNotReadyError())
     return JSONResponse({"status": "ready"})

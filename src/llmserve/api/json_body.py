@@ -15,7 +15,7 @@ import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from llmserve.api.errors import APIError
+from llmserve.errors import UnsupportedMediaTypeError
 
 
 class JsonRequest(Request):
@@ -37,10 +37,8 @@ class JsonBodyRoute(APIRoute):
         async def strict_json_handler(request: Request) -> Response:
             content_type = request.headers.get("content-type")
             if content_type and not is_json_media_type(content_type):
-                raise APIError(
-                    f"Content-Type {content_type!r} is not supported: send the body as application/json.",
-                    status_code=415,
-                    code="unsupported_media_type",
+                raise UnsupportedMediaTypeError(
+                    f"Content-Type {content_type!r} is not supported: send the body as application/json."
                 )
             scope = request.scope
             if not content_type:

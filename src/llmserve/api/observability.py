@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmserve.metrics import GENERATION_ROUTES, GatewayMetrics, RequestObservation
+from llmserve.metrics import GatewayMetrics, RequestObservation
 
 OBSERVATION_KEY = "observation"
 
@@ -22,10 +22,6 @@ class MetricsMiddleware:
         observation = self.metrics.observation(scope["path"])
         scope.setdefault("state", {})[OBSERVATION_KEY] = observation
         status = 500  # what the client gets if nothing below answers
-        in_flight = None
-        if observation.route in GENERATION_ROUTES:
-            in_flight = self.metrics.in_flight.labels(self.metrics.model, observation.route)
-            in_flight.inc()
 
         async def send_and_watch(message: Message) -> None:
             nonlocal status
@@ -36,11 +32,17 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_watch)
         finally:
-            if in_flight is not None:
-                in_flight.dec()
             observation.on_finished(status)
 
 
 def observation_of(request: Request) -> RequestObservation | None:
+    """The request's measurements, opened by the middleware (absent only in apps built without it)."""
     observation: RequestObservation | None = getattr(request.state, OBSERVATION_KEY, None)
+    return observation
+
+
+async def require_observation(request: Request) -> RequestObservation:
+    observation = observation_of(request)
+    if observation is None:
+        raise RuntimeError("MetricsMiddleware must wrap the generation routes")
     return observation

@@ -29,6 +29,9 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorResponse} for status in statuses}
 
 
+GENERATION_ERROR_RESPONSES = error_responses(400, 401, 404, 408, 413, 415, 429, 500, 503, 504)
+
+
 def accurate_openapi(
     app: FastAPI, served_model_name: str, vocab_size: Callable[[], int | None]
 ) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The engine boundary: what the serving layer may ask of any engine (vLLM, transformers, fake).
 
-Types here are engine-neutral on purpose: nothing above `engine/` imports vLLM.
+Types here are engine-neutral on purpose: nothing above `engine/` imports vLLM. Engines raise the
+server's own errors (llmserve/errors.py): EngineDeadError, EngineFailedError, EngineRefusedError.
 """
 
 from __future__ import annotations
@@ -8,37 +9,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
-
-
-class EngineError(Exception):
-    """The engine failed or is not running; requests cannot be served right now."""
-
-
-class EngineDeadError(EngineError):
-    """The engine process died; the server must be restarted."""
-
-
-class InvalidRequestError(ValueError):
-    """The engine refused a request's parameters; the message is safe to show the client."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class PromptTooLongError(ValueError):
-    def __init__(
-        self, prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "prompt"
-    ) -> None:
-        super().__init__(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-            f"{max_tokens} for the completion). Please reduce the prompt or max_tokens."
-        )
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.max_model_len = max_model_len
-        self.param = param
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +136,12 @@ class EngineClient(Protocol):
     async def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
     ) -> TokenizedPrompt:
-        """Apply the model's own chat template; raise InvalidRequestError if it refuses."""
+        """Apply the model's own chat template; raise EngineRefusedError if it refuses."""
         ...
 
     def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
-        """Yield deltas until one carries a finish_reason. Closing the iterator aborts the request."""
+        """Yield deltas until one carries a finish_reason. Closing the generator (or cancelling the task
+        iterating it) aborts the request in the engine."""
         ...
-
-    async def abort(self, request_id: str) -> None: ...

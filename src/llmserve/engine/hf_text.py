@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from llmserve.engine.base import ChatMessage, InvalidRequestError, TokenizedPrompt
+from llmserve.engine.base import ChatMessage, TokenizedPrompt
+from llmserve.errors import EngineRefusedError
 
 # Tokenizing a long prompt takes milliseconds: do it off the event loop.
 LONG_PROMPT_CHARS = 4096
@@ -44,7 +45,7 @@ class TextCodec:
                 continue_final_message=continue_final_message,
             )
         except Exception as exc:  # jinja2 raises its own errors for conversations it refuses
-            raise InvalidRequestError(
+            raise EngineRefusedError(
                 f"The model's chat template refused the messages: {exc}", param="messages"
             ) from exc
         # The template writes the special tokens itself.

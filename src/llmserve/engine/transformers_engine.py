@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmserve.engine.base import (
-    EngineDeadError,
     GenerationDelta,
-    InvalidRequestError,
     ModelInfo,
     SamplingDefaults,
     SamplingSpec,
@@ -32,6 +30,7 @@ from llmserve.engine.dtype import resolve_dtype
 from llmserve.engine.hf_text import HfTextEngine, TextCodec
 from llmserve.engine.model_store import check_model_dir
 from llmserve.engine_config import EngineConfig
+from llmserve.errors import EngineDeadError, EngineRefusedError
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ def check_supported(sampling: SamplingSpec) -> None:
     }
     for param, used in unsupported.items():
         if used:
-            raise InvalidRequestError(f"{param} is not supported by the transformers baseline engine", param)
+            raise EngineRefusedError(f"{param} is not supported by the transformers baseline engine", param)
 
 
 class TransformersEngine(HfTextEngine):
@@ -117,7 +116,7 @@ class TransformersEngine(HfTextEngine):
     ) -> AsyncGenerator[GenerationDelta, None]:
         check_supported(sampling)
         if self._failed is not None:
-            raise EngineDeadError(f"the baseline engine failed: {self._failed}")
+            raise EngineDeadError()
         pending = _Pending(request_id, prompt.token_ids, sampling, asyncio.get_running_loop().create_future())
         self._batcher.queue.append(pending)
         self._batcher.wakeup.set()
@@ -128,11 +127,6 @@ class TransformersEngine(HfTextEngine):
         finally:
             pending.cancelled = True
         yield delta
-
-    async def abort(self, request_id: str) -> None:
-        for pending in self._batcher.queue:
-            if pending.request_id == request_id:
-                pending.cancelled = True
 
     async def _run_batches(self) -> None:
         while True:
@@ -151,9 +145,7 @@ class TransformersEngine(HfTextEngine):
                     self._failed = exc
                     for pending in [*batch, *self._batcher.queue]:
                         if not pending.result.done():
-                            pending.result.set_exception(
-                                EngineDeadError(f"the baseline engine failed: {exc}")
-                            )
+                            pending.result.set_exception(EngineDeadError())
                     return
                 for pending, delta in zip(batch, outputs, strict=True):
                     if not pending.result.done():

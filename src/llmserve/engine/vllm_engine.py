@@ -13,10 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmserve.engine import process_group
 from llmserve.engine.base import (
-    EngineDeadError,
-    EngineError,
     GenerationDelta,
-    InvalidRequestError,
     ModelInfo,
     PositionLogprobs,
     SamplingDefaults,
@@ -29,6 +26,7 @@ from llmserve.engine.hf_text import HfTextEngine, TextCodec
 from llmserve.engine.model_fit import check_model_fit
 from llmserve.engine.model_store import check_model_dir
 from llmserve.engine_config import EngineConfig, SpeculativeConfig
+from llmserve.errors import EngineDeadError, EngineFailedError, EngineRefusedError
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -182,7 +180,7 @@ class VllmEngine(HfTextEngine):
     @property
     def _llm(self) -> AsyncLLM:
         if self._llm_or_none is None:
-            raise EngineDeadError("the inference engine has been shut down")
+            raise EngineDeadError()
         return self._llm_or_none
 
     def release(self) -> None:
@@ -231,19 +229,16 @@ class VllmEngine(HfTextEngine):
                         yield delta
         except VllmEngineDeadError as exc:
             finished = True
-            raise EngineDeadError("the inference engine died") from exc
+            raise EngineDeadError() from exc
         except (VLLMClientError, ValueError) as exc:
-            raise InvalidRequestError(str(exc)) from exc
+            raise EngineRefusedError(str(exc)) from exc
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
-            raise EngineError("the inference engine failed to generate") from exc
+            raise EngineFailedError(f"request {request_id} failed to generate") from exc
         finally:
             if not finished and not self.is_dead:
                 await self._llm.abort(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        await self._llm.abort(request_id)
 
 
 def _import_async_llm() -> type[AsyncLLM]:

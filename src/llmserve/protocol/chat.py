@@ -7,19 +7,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from llmserve.engine.base import ChatMessage, StructuredOutput
+from llmserve.errors import InvalidParameterError, UnsupportedParameterError
 from llmserve.protocol.common import INTEGRAL, OpenAIBaseModel, ResponseModel, UsageInfo
-from llmserve.protocol.sampling import (
-    MAX_LOGPROBS,
-    InvalidParameterError,
-    SamplingFields,
-    UnsupportedParameterError,
-)
+from llmserve.protocol.sampling import MAX_LOGPROBS, SamplingFields
 
 MAX_MESSAGES = 1024
 
 
 class TextPart(OpenAIBaseModel):
-    type: Literal["text", "input_text"]
+    type: Literal["text"]
     text: str
 
 
@@ -86,9 +82,7 @@ ChatMessageParam = Annotated[
 ]
 # The tags of this module's discriminated unions, which pydantic writes into an error's location
 # right after the list index of a message or part, or after the field holding one (response_format).
-UNION_TAGS = frozenset(
-    {"system", "developer", "user", "assistant", "text", "input_text", "json_object", "json_schema"}
-)
+UNION_TAGS = frozenset({"system", "developer", "user", "assistant", "text", "json_object", "json_schema"})
 TAGGED_UNION_FIELDS = frozenset({"response_format"})
 
 
@@ -152,7 +146,8 @@ class ChatCompletionRequest(SamplingFields):
     # Served only as ["text"]; the schema says so, and anything else is a 400 unsupported_parameter.
     modalities: Annotated[list[str] | None, WithJsonSchema(TEXT_ONLY_MODALITIES)] = None
 
-    def reject_unsupported(self) -> None:
+    def check_fields(self) -> None:
+        """What the schema cannot say: fields this server does not serve, combinations it refuses."""
         extra = self.model_extra or {}
         for field, reason in _UNSUPPORTED_WHEN_SET.items():
             if extra.get(field):

@@ -6,14 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, WithJsonSchema
 
+from llmserve.errors import InvalidParameterError, UnsupportedParameterError
 from llmserve.protocol.common import INTEGRAL, ResponseModel, UsageInfo
-from llmserve.protocol.sampling import (
-    MAX_LOGPROBS,
-    InvalidParameterError,
-    SamplingFields,
-    TokenId,
-    UnsupportedParameterError,
-)
+from llmserve.protocol.sampling import MAX_LOGPROBS, SamplingFields, TokenId, check_vocabulary
 
 # Non-empty at every level, so /openapi.json admits no prompt the server must refuse as empty.
 PromptText = Annotated[str, StringConstraints(min_length=1)]
@@ -45,7 +40,8 @@ class CompletionRequest(SamplingFields):
     best_of: Annotated[int | None, INTEGRAL, WithJsonSchema(_no_op_or_null(1))] = None
     suffix: Annotated[str | None, WithJsonSchema(_no_op_or_null(""))] = None
 
-    def reject_unsupported(self) -> None:
+    def check_fields(self) -> None:
+        """What the schema cannot say: values this server does not serve, combinations it refuses."""
         if self.best_of not in (None, 1):
             raise UnsupportedParameterError("best_of", "is not supported (vLLM V1 removed it); use n")
         if self.suffix:
@@ -60,6 +56,21 @@ class CompletionRequest(SamplingFields):
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        super().check_token_ids(vocab_size)
+        for prompt in self.prompts():
+            if not isinstance(prompt, str):
+                check_vocabulary(prompt, vocab_size, "prompt")
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a text or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(item, int) for item in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
 
 
 class CompletionLogprobs(ResponseModel):

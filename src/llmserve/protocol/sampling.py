@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, StringConstraints
 
 from llmserve.engine.base import SamplingDefaults, SamplingSpec, StructuredOutput
+from llmserve.errors import InvalidParameterError
 from llmserve.protocol.common import INTEGRAL, OpenAIBaseModel, StreamOptions
 
 MAX_N = 16
@@ -26,16 +28,13 @@ TokenIdKey = Annotated[str, StringConstraints(pattern=TOKEN_ID_KEY_PATTERN)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
-class UnsupportedParameterError(ValueError):
-    def __init__(self, param: str, reason: str) -> None:
-        super().__init__(f"'{param}' {reason}")
-        self.param = param
-
-
-class InvalidParameterError(ValueError):
-    def __init__(self, param: str, reason: str) -> None:
-        super().__init__(f"Invalid value for '{param}': {reason}")
-        self.param = param
+def check_vocabulary(token_ids: Iterable[int], vocab_size: int, param: str) -> None:
+    """Token ids a request names must exist in the served model's vocabulary."""
+    for token_id in token_ids:
+        if token_id >= vocab_size:
+            raise InvalidParameterError(
+                param, f"token id {token_id} is out of vocabulary (vocab_size={vocab_size})"
+            )
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -76,15 +75,8 @@ class SamplingFields(OpenAIBaseModel):
         return None
 
     def check_token_ids(self, vocab_size: int) -> None:
-        for param, ids in (
-            ("stop_token_ids", self.stop_token_ids or []),
-            ("logit_bias", [int(key) for key in self.logit_bias or {}]),
-        ):
-            for token_id in ids:
-                if token_id >= vocab_size:
-                    raise InvalidParameterError(
-                        param, f"token id {token_id} is out of vocabulary (vocab_size={vocab_size})"
-                    )
+        check_vocabulary(self.stop_token_ids or [], vocab_size, "stop_token_ids")
+        check_vocabulary((int(key) for key in self.logit_bias or {}), vocab_size, "logit_bias")
 
     def to_sampling_spec(self, max_tokens: int, defaults: SamplingDefaults, **extra: Any) -> SamplingSpec:
         """The one place request fields become engine parameters: the user's value, else the model's

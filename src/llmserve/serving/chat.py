@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from llmserve.engine.base import EngineClient
+from llmserve.policy.permits import Cost
 from llmserve.protocol.chat import (
     AssistantMessage,
     ChatChoice,
@@ -17,13 +19,11 @@ from llmserve.protocol.chat import (
 )
 from llmserve.protocol.common import UsageInfo, unix_time
 from llmserve.serving.generation import (
-    GenerationService,
     PlannedPrompt,
+    RequestContext,
     collect_choices,
-    engine_sequences,
+    cost_of,
     fit_max_tokens,
-    max_new_tokens,
-    prompt_tokens,
     run_generations,
     usage_of,
 )
@@ -36,31 +36,32 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class PlannedChat:
     request: ChatCompletionRequest
-    request_id: str
     created: int
     prompt: PlannedPrompt
 
     @property
-    def engine_sequences(self) -> int:
-        return engine_sequences([self.prompt])
-
-    @property
-    def prompt_tokens(self) -> int:
-        return prompt_tokens([self.prompt])
-
-    @property
-    def max_new_tokens(self) -> int:
-        return max_new_tokens([self.prompt])
+    def cost(self) -> Cost:
+        return cost_of([self.prompt])
 
 
-class ChatService(GenerationService):
-    async def plan(self, request: ChatCompletionRequest, request_id: str) -> PlannedChat:
-        request.reject_unsupported()
+class ChatService:
+    """Built once at start-up; the engine and the request's context come with each call."""
+
+    id_prefix = "chatcmpl"
+
+    def __init__(self, served_model_name: str, max_prompt_tokens: int | None) -> None:
+        self._model_name = served_model_name
+        self._max_prompt_tokens = max_prompt_tokens
+
+    async def plan(
+        self, engine: EngineClient, request: ChatCompletionRequest, context: RequestContext
+    ) -> PlannedChat:
+        request.check_fields()
         if ignored := request.unknown_fields_ignored():
-            logger.info("request %s: ignoring unknown fields %s", request_id, ignored)
-        info = self._engine.model_info
+            logger.info("request %s: ignoring unknown fields %s", context.request_id, ignored)
+        info = engine.model_info
         request.check_token_ids(info.vocab_size)
-        prompt = await self._engine.render_chat(
+        prompt = await engine.render_chat(
             request.engine_messages(),
             add_generation_prompt=request.opens_assistant_turn,
             continue_final_message=request.continue_final_message,
@@ -69,10 +70,12 @@ class ChatService(GenerationService):
             len(prompt.token_ids), request.requested_max_tokens(), info, "messages", self._max_prompt_tokens
         )
         planned = PlannedPrompt(prompt, request.to_sampling_spec(max_tokens, info.sampling_defaults))
-        return PlannedChat(request, request_id, unix_time(), planned)
+        return PlannedChat(request, unix_time(), planned)
 
-    async def complete(self, plan: PlannedChat) -> ChatCompletionResponse:
-        states = await collect_choices(self._engine, plan.request_id, [plan.prompt], self._observer)
+    async def complete(
+        self, engine: EngineClient, plan: PlannedChat, context: RequestContext
+    ) -> ChatCompletionResponse:
+        states = await collect_choices(engine, context, [plan.prompt])
         choices = [
             ChatChoice(
                 index=index,
@@ -83,22 +86,22 @@ class ChatService(GenerationService):
             for index, state in enumerate(states)
         ]
         return ChatCompletionResponse(
-            id=plan.request_id,
+            id=context.request_id,
             created=plan.created,
             model=self._model_name,
             choices=choices,
             usage=usage_of([plan.prompt], sum(state.token_count for state in states)),
         )
 
-    async def stream(self, plan: PlannedChat) -> AsyncIterator[bytes]:
+    async def stream(
+        self, engine: EngineClient, plan: PlannedChat, context: RequestContext
+    ) -> AsyncGenerator[bytes, None]:
         """A role chunk per choice, content deltas, finish_reason, a usage chunk if asked, [DONE]."""
         for index in range(plan.request.n):
             role = ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
-            yield sse_event(self._chunk(plan, [role]))
+            yield sse_event(self._chunk(plan, context, [role]))
         completion_tokens = 0
-        async for index, delta in run_generations(
-            self._engine, plan.request_id, [plan.prompt], self._observer
-        ):
+        async for index, delta in run_generations(engine, context, [plan.prompt]):
             completion_tokens += len(delta.token_ids)
             if not delta.text and delta.finish_reason is None:
                 continue
@@ -109,14 +112,19 @@ class ChatService(GenerationService):
                 logprobs=logprobs,
                 finish_reason=delta.finish_reason,
             )
-            yield sse_event(self._chunk(plan, [choice]))
+            yield sse_event(self._chunk(plan, context, [choice]))
         if plan.request.include_usage_chunk:
-            yield sse_event(self._chunk(plan, [], usage=usage_of([plan.prompt], completion_tokens)))
+            usage = usage_of([plan.prompt], completion_tokens)
+            yield sse_event(self._chunk(plan, context, [], usage=usage))
         yield DONE_EVENT
 
     def _chunk(
-        self, plan: PlannedChat, choices: list[ChatStreamChoice], usage: UsageInfo | None = None
+        self,
+        plan: PlannedChat,
+        context: RequestContext,
+        choices: list[ChatStreamChoice],
+        usage: UsageInfo | None = None,
     ) -> ChatCompletionStreamResponse:
         return ChatCompletionStreamResponse(
-            id=plan.request_id, created=plan.created, model=self._model_name, choices=choices, usage=usage
+            id=context.request_id, created=plan.created, model=self._model_name, choices=choices, usage=usage
         )

@@ -9,47 +9,31 @@ from typing import Protocol
 from llmserve.engine.base import (
     EngineClient,
     GenerationDelta,
-    InvalidRequestError,
     ModelInfo,
     PositionLogprobs,
-    PromptTooLongError,
     SamplingSpec,
     TokenizedPrompt,
 )
+from llmserve.errors import PromptOverLimitError, PromptTooLongError
+from llmserve.policy.permits import Cost
 from llmserve.protocol.common import UsageInfo
 from llmserve.serving.streaming import merge_async_iterators
 
 
 class GenerationObserver(Protocol):
-    """Told about prompt and generated tokens as they happen (the metrics layer implements it)."""
+    """Told about prompt and generated tokens as they happen (the request's metrics observation)."""
 
     def on_prompt(self, prompt_tokens: int) -> None: ...
 
     def on_tokens(self, choice: int, count: int) -> None: ...
 
 
-class NoObserver:
-    def on_prompt(self, prompt_tokens: int) -> None:
-        pass
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """One request's identity and its observer, for every step of its life."""
 
-    def on_tokens(self, choice: int, count: int) -> None:
-        pass
-
-
-class GenerationService:
-    """What every endpoint's service holds: the engine, the public model name, an observer."""
-
-    def __init__(
-        self,
-        engine: EngineClient,
-        served_model_name: str,
-        observer: GenerationObserver | None = None,
-        max_prompt_tokens: int | None = None,
-    ) -> None:
-        self._engine = engine
-        self._model_name = served_model_name
-        self._observer = observer or NoObserver()
-        self._max_prompt_tokens = max_prompt_tokens
+    request_id: str
+    observer: GenerationObserver
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,23 +42,18 @@ class PlannedPrompt:
     sampling: SamplingSpec
 
 
-def engine_sequences(planned: Sequence[PlannedPrompt]) -> int:
-    return sum(item.sampling.n for item in planned)
+def cost_of(planned: Sequence[PlannedPrompt]) -> Cost:
+    """Engine sequences (n per prompt), prompt tokens (once per prompt, as usage counts them) and
+    the most tokens the request may generate."""
+    return Cost(
+        sequences=sum(item.sampling.n for item in planned),
+        prompt_tokens=prompt_tokens(planned),
+        max_new_tokens=sum(item.sampling.max_tokens * item.sampling.n for item in planned),
+    )
 
 
 def prompt_tokens(planned: Sequence[PlannedPrompt]) -> int:
     return sum(len(item.prompt.token_ids) for item in planned)
-
-
-def max_new_tokens(planned: Sequence[PlannedPrompt]) -> int:
-    return sum(item.sampling.max_tokens * item.sampling.n for item in planned)
-
-
-class PromptOverLimitError(InvalidRequestError):
-    def __init__(self, prompt_len: int, limit: int, param: str) -> None:
-        super().__init__(
-            f"The prompt has {prompt_len} tokens; this server accepts at most {limit}.", param=param
-        )
 
 
 def fit_max_tokens(
@@ -98,20 +77,17 @@ def fit_max_tokens(
 
 
 async def run_generations(
-    engine: EngineClient,
-    request_id: str,
-    planned: Sequence[PlannedPrompt],
-    observer: GenerationObserver,
+    engine: EngineClient, context: RequestContext, planned: Sequence[PlannedPrompt]
 ) -> AsyncIterator[tuple[int, GenerationDelta]]:
     """Deltas of every choice as they arrive, as (choice index, delta); choice = prompt * n + i."""
-    observer.on_prompt(prompt_tokens(planned))
+    context.observer.on_prompt(prompt_tokens(planned))
     iterators = [
-        engine.generate(item.prompt, item.sampling, f"{request_id}-{position}")
+        engine.generate(item.prompt, item.sampling, f"{context.request_id}-{position}")
         for position, item in enumerate(planned)
     ]
     async for position, delta in merge_async_iterators(iterators):
         choice = position * planned[position].sampling.n + delta.index
-        observer.on_tokens(choice, len(delta.token_ids))
+        context.observer.on_tokens(choice, len(delta.token_ids))
         yield choice, delta
 
 
@@ -137,13 +113,10 @@ class ChoiceState:
 
 
 async def collect_choices(
-    engine: EngineClient,
-    request_id: str,
-    planned: Sequence[PlannedPrompt],
-    observer: GenerationObserver,
+    engine: EngineClient, context: RequestContext, planned: Sequence[PlannedPrompt]
 ) -> list[ChoiceState]:
     choices = [ChoiceState() for item in planned for _ in range(item.sampling.n)]
-    async for index, delta in run_generations(engine, request_id, planned, observer):
+    async for index, delta in run_generations(engine, context, planned):
         choices[index].add(delta)
     return choices
 

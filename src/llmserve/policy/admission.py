@@ -17,15 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmserve.config import AdmissionConfig
+from llmserve.errors import OverloadedError
 
 RATE_WINDOW_S = 30.0
 MAX_RETRY_AFTER_S = 60
-
-
-class OverloadedError(Exception):
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -57,7 +52,7 @@ class CompletionRate:
         return len(self._finished) / max(observed_for, 1.0)
 
 
-class AdmissionController:
+class AdmissionQueue:
     def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.rate = CompletionRate(clock)
@@ -87,7 +82,8 @@ class AdmissionController:
         """Refuse at once what cannot be served in time: before tokenizing, before queueing."""
         if not self.config.enabled:
             return
-        if self.waiting >= self.config.max_waiting:
+        must_wait = bool(self._waiting) or self.running >= self.config.max_in_flight
+        if must_wait and self.waiting >= self.config.max_waiting:
             raise OverloadedError(
                 "The server is at capacity: too many requests are waiting.", self.retry_after_s()
             )

@@ -2,7 +2,9 @@
 
 A request takes one request token at once, and reserves prompt + max_tokens tokens when it has
 been planned; when it ends, the reservation is settled to what it really used (prompt +
-generated tokens) and the rest is refunded.
+generated tokens) and the rest is refunded. A request refused before any work (by planning, by
+admission, or because its client left while it queued) gives everything back. The request's
+permit (policy/permits.py) does the taking and the giving back.
 """
 
 from __future__ import annotations
@@ -13,14 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmserve.config import AuthConfig
-
-
-class RateLimitedError(Exception):
-    def __init__(self, message: str, kind: str, retry_after_s: int, headers: dict[str, str]) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.retry_after_s = retry_after_s
-        self.headers = headers
+from llmserve.errors import RateLimitedError
 
 
 class TokenBucket:
@@ -63,8 +58,41 @@ def _duration(seconds: float) -> str:
 
 @dataclass
 class KeyLimits:
+    """One key's buckets. The permit takes from them and gives back what a request did not use."""
+
     requests: TokenBucket | None
     tokens: TokenBucket | None
+
+    def take_request(self) -> None:
+        if self.requests is not None and not self.requests.try_take(1):
+            raise RateLimitedError(
+                f"Rate limit reached for requests: {int(self.requests.capacity)} per minute.",
+                "requests",
+                max(1, math.ceil(self.requests.seconds_until(1))),
+                self.headers(),
+            )
+
+    def give_back_request(self) -> None:
+        if self.requests is not None:
+            self.requests.give_back(1)
+
+    def reserve_tokens(self, tokens: int) -> int:
+        """Take `tokens` (prompt + max_tokens) now; return how many were taken."""
+        if self.tokens is None:
+            return 0
+        if not self.tokens.try_take(tokens):
+            raise RateLimitedError(
+                f"Rate limit reached for tokens: this request needs {tokens} (prompt + max_tokens), "
+                f"{int(self.tokens.capacity)} per minute are allowed.",
+                "tokens",
+                max(1, math.ceil(self.tokens.seconds_until(tokens))),
+                self.headers(),
+            )
+        return tokens
+
+    def give_back_tokens(self, tokens: int) -> None:
+        if self.tokens is not None and tokens > 0:
+            self.tokens.give_back(tokens)
 
     def headers(self) -> dict[str, str]:
         headers = {}
@@ -75,17 +103,6 @@ class KeyLimits:
             headers[f"x-ratelimit-remaining-{name}"] = str(int(bucket.level))
             headers[f"x-ratelimit-reset-{name}"] = _duration(bucket.seconds_until(bucket.capacity))
         return headers
-
-
-@dataclass
-class TokenReservation:
-    limits: KeyLimits
-    reserved: int
-
-    def settle(self, used: int) -> None:
-        if self.limits.tokens is not None and used < self.reserved:
-            self.limits.tokens.give_back(self.reserved - used)
-        self.reserved = min(self.reserved, used)
 
 
 class RateLimiter:
@@ -99,7 +116,10 @@ class RateLimiter:
     def enabled(self) -> bool:
         return self._requests_per_minute is not None or self._tokens_per_minute is not None
 
-    def limits_of(self, key_id: str) -> KeyLimits:
+    def limits_of(self, key_id: str | None) -> KeyLimits | None:
+        """The key's buckets; None without a key or without limits."""
+        if key_id is None or not self.enabled:
+            return None
         limits = self._keys.get(key_id)
         if limits is None:
             limits = KeyLimits(
@@ -111,28 +131,3 @@ class RateLimiter:
 
     def _bucket(self, per_minute: int | None) -> TokenBucket | None:
         return TokenBucket(per_minute, self._clock) if per_minute is not None else None
-
-    def take_request(self, key_id: str) -> None:
-        limits = self.limits_of(key_id)
-        if limits.requests is not None and not limits.requests.try_take(1):
-            wait = limits.requests.seconds_until(1)
-            raise RateLimitedError(
-                f"Rate limit reached for requests: {int(limits.requests.capacity)} per minute.",
-                "requests",
-                max(1, math.ceil(wait)),
-                limits.headers(),
-            )
-
-    def reserve_tokens(self, key_id: str, tokens: int) -> TokenReservation:
-        limits = self.limits_of(key_id)
-        if limits.tokens is not None and not limits.tokens.try_take(tokens):
-            if limits.requests is not None:
-                limits.requests.give_back(1)  # refused requests do not count
-            raise RateLimitedError(
-                f"Rate limit reached for tokens: this request needs {tokens} (prompt + max_tokens), "
-                f"{int(limits.tokens.capacity)} per minute are allowed.",
-                "tokens",
-                max(1, math.ceil(limits.tokens.seconds_until(tokens))),
-                limits.headers(),
-            )
-        return TokenReservation(limits, tokens if limits.tokens is not None else 0)
