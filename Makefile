@@ -21,7 +21,7 @@ help:
 	@echo "make test    set up what is missing, run the whole test suite"
 	@echo "make lint    ruff + mypy (strict)"
 	@echo "make dashboard-png   (server running) key dashboard panels as a PNG + /metrics scrape cost"
-	@echo "make bench-overload  the same overload with shedding on and off, side by side"
+	@echo "make bench-overload  goodput under overload: vllm serve vs llmserve without and with SLO admission"
 	@echo "make bench   baseline vs vLLM vs vLLM+ngram, offline and online, ratios + PNG (BENCH_SCALE=0.5; 1 doubles every count)"
 	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
 	@echo "make fuzz    schema fuzzing of the real server, FUZZ_EXAMPLES=1000 cases per operation and mode"
@@ -68,9 +68,10 @@ dashboard-png: venv
 
 bench-metrics: dashboard-png
 
-# Starts its own servers: the same Poisson overload with admission control on and off.
+# Starts its own servers: vllm serve, llmserve without admission and with SLO admission, the same
+# seeded Poisson loads (0.5x to 4x the measured capacity) and a burst after idle; ~20 min.
 bench-overload: model
-	$(PY) -m loadtest.overload_bench --rate 8 --duration 30 --out results/overload.json
+	$(PY) -m loadtest.goodput_bench --out results/goodput
 
 # Starts its own engines and servers: the transformers baseline, vLLM, vLLM + ngram speculation.
 BENCH_SCALE ?= 0.5

@@ -28,7 +28,7 @@ import httpx
 import psutil
 
 from loadtest.bench_driver import RunStats, drive, engine_sender, http_sender
-from loadtest.report import BENCHMARK_DOCS, machine_description, publish
+from loadtest.report import BENCHMARK_DOCS, benchmark_image, machine_description, publish
 from loadtest.server_process import REPO, start_server, tree_rss_bytes
 from loadtest.workload import Workload, offline_batch, poisson_arrivals, repetitive_text, shared_system_prompt
 
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     }, indent=2))  # fmt: skip
     (args.out / "bench.md").write_text(report)
     plot(rows, args.out / "bench.png")
-    plot(rows, BENCHMARK_DOCS / "engines.png")
+    plot(rows, benchmark_image("engines.png"))
     command = " ".join(
         ["make bench  # python -m loadtest.engine_bench", *(sys.argv[1:] if argv is None else argv)]
     )

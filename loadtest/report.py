@@ -16,6 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARK_DOCS = REPO / "docs" / "benchmarks"
 
 
+def benchmark_image(name: str) -> Path:
+    """Where a benchmark's chart goes beside its table (the directory made if needed)."""
+    BENCHMARK_DOCS.mkdir(parents=True, exist_ok=True)
+    return BENCHMARK_DOCS / name
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

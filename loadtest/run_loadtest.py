@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.locust_options import STREAM_HEADERS_NAME
-from loadtest.report import BENCHMARK_DOCS, machine_description, publish
+from loadtest.report import benchmark_image, machine_description, publish
 from loadtest.server_process import REPO, free_port, start_server
 from loadtest.slo import Check, SloTargets, evaluate, highest_passing, load_slo, passed, verdict_table
 
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         for source, target in (("run_over_time.png", f"loadtest-{args.slo}-run.png"),
                                ("sweep.png", f"loadtest-{args.slo}-sweep.png")):  # fmt: skip
             if (out / source).exists():
-                shutil.copy(out / source, BENCHMARK_DOCS / target)
-                images.append(BENCHMARK_DOCS / target)
+                shutil.copy(out / source, benchmark_image(target))
+                images.append(benchmark_image(target))
         flags = " ".join(argv or sys.argv[1:])
         command = f"make loadtest SLO={args.slo}  # python -m loadtest.run_loadtest {flags}"
         published = publish(

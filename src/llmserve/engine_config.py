@@ -93,6 +93,9 @@ class EngineConfig(_Section):
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     seed: int = 0
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs", description="priority: vLLM schedules by the requests' priority field too."
+    )
     generation_config: str = Field(
         default="auto",
         min_length=1,

@@ -28,6 +28,9 @@ TOKEN_LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
 )  # fmt: skip
 
+# Refusals should take milliseconds: finer edges at the low end.
+REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 KNOWN_ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/ready", "/metrics")
 OTHER_ROUTE = "other"
@@ -110,6 +113,25 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        self.rejection_latency = Histogram(
+            "llmserve_rejection_latency_seconds",
+            "Arrival to the answer of generation requests refused for load (429), measured in the server.",
+            labels,
+            buckets=REFUSAL_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.predicted_step = Gauge(
+            "llmserve_admission_predicted_step_seconds",
+            "Admission's prediction of one engine step (a token for every running sequence), by batch size.",
+            ["model", "batch"],
+            registry=self.registry,
+        )
+        self.predicted_prefill = Gauge(
+            "llmserve_admission_predicted_prefill_seconds_per_1k_tokens",
+            "Admission's prediction of the time to take 1000 prompt tokens in.",
+            ["model"],
+            registry=self.registry,
+        )
         self.waiting = Gauge(
             "llmserve_requests_waiting",
             "Requests waiting in the gateway's admission queue now.",
@@ -131,6 +153,7 @@ class GatewayMetrics:
         # Every generation-route series exists from the start, so dashboards read 0, not "no data".
         per_route = (
             self.e2e_latency,
+            self.rejection_latency,
             self.queue_wait,
             self.ttft,
             self.inter_token,
@@ -143,6 +166,14 @@ class GatewayMetrics:
                 metric.labels(model, route)
             for reason in REJECTION_REASONS:
                 self.rejections.labels(model, route, reason)
+
+    def watch_service_model(
+        self, step_s: Callable[[int], float], batches: tuple[int, ...], prefill_s: Callable[[int], float]
+    ) -> None:
+        """What admission predicts: the engine's step time at a few batch sizes, prefill cost."""
+        for batch in batches:
+            self.predicted_step.labels(self.model, str(batch)).set_function(partial(step_s, batch))
+        self.predicted_prefill.labels(self.model).set_function(partial(prefill_s, 1000))
 
     def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[str], int]) -> None:
         """The gauges read the admission queue and the permits held (policy/): counted once, there."""
@@ -207,6 +238,10 @@ class RequestObservation:
     def on_finished(self, status: int) -> None:
         """Called once, when the last byte of the response has gone (or the client has)."""
         self.metrics.requests.labels(*self._labels, str(status)).inc()
+        if status == 429 and self.route in GENERATION_ROUTES:
+            self.metrics.rejection_latency.labels(*self._labels).observe(
+                time.perf_counter() - self.arrived_at
+            )
         # A stream that failed or lost its client was sent as 200: it is still no success.
         if self.failed or not 200 <= status < 300 or self.route not in GENERATION_ROUTES:
             return

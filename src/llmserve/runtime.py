@@ -23,6 +23,7 @@ from llmserve.errors import (
     EngineRefusedError,
 )
 from llmserve.policy.permits import Permits
+from llmserve.serving.calibration import calibrate
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,10 @@ class EngineRuntime:
                 if self._stop_requested.is_set():
                     return
                 await warm_up(engine)
+                admission = self._permits.admission
+                admission.kv_capacity_tokens = engine.model_info.kv_cache_tokens
+                await calibrate(engine, admission.model)
+                logger.info("admission's service model: %s", admission.model.describe())
                 self._probed_ok_at = time.monotonic()
                 self._engine = engine
                 watchdog = asyncio.create_task(self._watch(engine))

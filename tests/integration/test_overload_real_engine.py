@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from loadtest.prom import bucket_deltas
+from loadtest.prom import bucket_deltas, histogram_quantile
 from loadtest.server_process import ServerProcess, start_server, still_running
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S
@@ -81,6 +81,10 @@ def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_dead
         f"max {max(refusal_s) * 1000:.0f} ms client-side), {len(admitted)} admitted"
     )
     after = limited_server.scrape()
+    server_side = histogram_quantile(0.99, bucket_deltas(after, before, "llmserve_rejection_latency_seconds"))
+    assert server_side is not None
+    LEDGER.notes.append(f"burst: refusal p99 measured in the server {server_side * 1000:.1f} ms")
+    assert server_side < 1.0, "a refusal is decided before any engine work"
     waits = bucket_deltas(after, before, "llmserve_queue_wait_seconds")
     within = dict(waits)[float(QUEUE_TIMEOUT_S + 1)]
     assert within == dict(waits)[float("inf")] == len(admitted), (

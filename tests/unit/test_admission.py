@@ -1,4 +1,4 @@
-"""Admission control: bounded FIFO queue, queue deadline, shedding from the observed drain rate."""
+"""Admission: run now, wait in a fair queue, or refuse at once, from predictions that always exist."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from loadtest.prom import Scrape
 
 from llmserve.app import create_app
-from llmserve.config import AdmissionConfig, load_config, parse_overrides
+from llmserve.config import AdmissionConfig, SloConfig, load_config, parse_overrides
 from llmserve.errors import OverloadedError
-from llmserve.policy.admission import AdmissionQueue
+from llmserve.policy.admission import Admission, Ticket
+from llmserve.policy.service_model import ServiceModel
 from tests.fake_engine import FakeEngine, fake_starter
 from tests.unit.conftest import MODEL
 
@@ -24,111 +25,254 @@ class FakeClock:
         return self.now
 
 
-def controller(clock: FakeClock | None = None, **limits: object) -> AdmissionQueue:
+def known_model(base_s: float = 0.1, per_sequence_s: float = 0.01) -> ServiceModel:
+    """A model that has seen steps of exactly base + per_sequence * batch, and no prefill cost."""
+    model = ServiceModel()
+    for batch in (1, 9, 1, 9):
+        model.observe_step(batch, base_s + per_sequence_s * batch)
+    for _ in range(3):
+        model.observe_prefill(100, model.step_s(1), 1)
+    return model
+
+
+def admission(
+    clock: FakeClock | None = None,
+    slo: SloConfig | None = None,
+    model: ServiceModel | None = None,
+    **limits: object,
+) -> Admission:
     settings = {"max_in_flight": 2, "max_waiting": 2, "queue_timeout_s": 0.5, **limits}
-    return AdmissionQueue(AdmissionConfig.model_validate(settings), clock or FakeClock())
+    return Admission(
+        AdmissionConfig.model_validate(settings),
+        slo or SloConfig(),
+        model or known_model(),
+        clock or FakeClock(),
+    )
+
+
+async def run(queue: Admission, sequences: int = 1, max_tokens: int = 10, **fields: object) -> Ticket:
+    ticket = queue.ticket(sequences, 10, max_tokens, **fields)  # type: ignore[arg-type]
+    await queue.admit(ticket)
+    return ticket
+
+
+def test_the_model_learns_a_line_of_step_time_over_batch_size() -> None:
+    model = known_model(0.1, 0.01)
+    assert model.step_s(1) == pytest.approx(0.11)
+    assert model.step_s(33) == pytest.approx(0.43)
+    assert model.prefill_s(100) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_fresh_model_still_predicts_and_learns_what_share_of_max_tokens_is_used() -> None:
+    model = ServiceModel()
+    assert model.step_s(8) > 0, "never 'no estimate', even before any request"
+    assert model.expected_tokens(100) == 100, "until requests have finished, max_tokens"
+    for _ in range(20):
+        model.observe_finish(25, 100)
+    assert model.expected_tokens(100) == 25
+    assert model.expected_tokens(8) == 2
+
+
+def test_predictions_are_corrected_by_what_requests_really_took() -> None:
+    model = known_model(0.1, 0.01)
+    predicted = model.service_s(0, 10, 1)
+    for _ in range(20):
+        model.observe_service(predicted_s=predicted, actual_s=1.5 * predicted)
+    assert model.correction == pytest.approx(1.5)
+    assert model.service_s(0, 10, 1) == pytest.approx(1.5 * predicted)
+    for _ in range(200):  # the engine got faster: the old errors fade out of the window
+        model.observe_service(predicted_s=1.0, actual_s=0.8)
+    assert model.correction == pytest.approx(0.8)
 
 
 async def test_under_capacity_requests_are_admitted_at_once() -> None:
-    admission = controller()
-    await admission.admit(1, 10)
-    await admission.admit(1, 10)
-    assert admission.running == 2
+    queue = admission()
+    await run(queue)
+    await run(queue)
+    assert queue.running == 2
 
 
 async def test_waiters_are_admitted_first_come_first_served_as_slots_free() -> None:
-    admission = controller()
-    await admission.admit(2, 10)
+    queue = admission(queue_timeout_s=5)
+    big = await run(queue, sequences=2)
     order: list[str] = []
 
     async def wait(name: str) -> None:
-        await admission.admit(1, 10)
+        await run(queue)
         order.append(name)
 
     first, second = asyncio.create_task(wait("first")), asyncio.create_task(wait("second"))
     await asyncio.sleep(0)
-    assert admission.waiting == 2
-    admission.release(2)
+    assert queue.waiting == 2
+    queue.release(big, completed=True)
     await asyncio.gather(first, second)
     assert order == ["first", "second"]
-    assert admission.running == 2
+    assert queue.running == 2
 
 
-async def test_full_queue_refuses_at_once() -> None:
-    admission = controller(max_waiting=1)
-    await admission.admit(2, 10)
-    waiter = asyncio.create_task(admission.admit(1, 10))
+async def test_a_full_waiting_room_refuses_at_once_with_retry_after() -> None:
+    queue = admission(max_waiting=1, queue_timeout_s=5)
+    await run(queue, sequences=2)
+    waiter = asyncio.create_task(run(queue))
     await asyncio.sleep(0)
-    with pytest.raises(OverloadedError) as refused:
-        await admission.admit(1, 10)
-    assert refused.value.retry_after_s >= 1
+    with pytest.raises(OverloadedError, match="waiting") as refused:
+        await run(queue)
+    assert int(refused.value.headers["Retry-After"]) >= 1
     waiter.cancel()
 
 
 async def test_waiting_prompt_tokens_are_bounded() -> None:
-    admission = controller(max_waiting_prompt_tokens=100)
-    await admission.admit(2, 10)
-    waiter = asyncio.create_task(admission.admit(1, 80))
+    queue = admission(max_waiting_prompt_tokens=15, queue_timeout_s=5)
+    await run(queue, sequences=2)
+    waiter = asyncio.create_task(run(queue))
     await asyncio.sleep(0)
     with pytest.raises(OverloadedError, match="prompt tokens"):
-        await admission.admit(1, 30)
+        await run(queue)
     waiter.cancel()
 
 
-async def test_a_request_that_waits_past_the_queue_deadline_is_refused_and_leaves_the_queue() -> None:
-    admission = controller(queue_timeout_s=0.05)
-    await admission.admit(2, 10)
+async def test_without_an_e2e_target_a_request_waits_at_most_queue_timeout_s() -> None:
+    queue = admission(queue_timeout_s=0.05, shed_by_estimate=False)
+    await run(queue, sequences=2)
     with pytest.raises(OverloadedError, match="waited"):
-        await admission.admit(1, 10)
-    assert admission.waiting == 0
+        await run(queue)
+    assert queue.waiting == 0
 
 
 async def test_a_cancelled_waiter_leaves_the_queue_and_takes_no_slot() -> None:
-    admission = controller()
-    await admission.admit(2, 10)
-    waiter = asyncio.create_task(admission.admit(1, 10))
+    queue = admission(queue_timeout_s=5)
+    big = await run(queue, sequences=2)
+    waiter = asyncio.create_task(run(queue))
     await asyncio.sleep(0)
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
-    assert admission.waiting == 0
-    admission.release(2)
-    assert admission.running == 0
+    assert queue.waiting == 0
+    queue.release(big, completed=False)
+    assert queue.running == 0
 
 
-async def test_wait_is_estimated_from_the_drain_rate_and_hopeless_requests_are_shed_at_once() -> None:
+async def test_a_request_that_would_wait_past_its_budget_is_refused_at_once_with_an_honest_retry_after() -> (
+    None
+):
     clock = FakeClock()
-    admission = controller(clock, max_in_flight=1, max_waiting=100, queue_timeout_s=2.5)
-    for _ in range(4):  # one completion per second observed
-        await admission.admit(1, 1)
-        clock.now += 1.0
-        admission.release(1)
-    await admission.admit(1, 1)
-    waiters = [asyncio.create_task(admission.admit(1, 1)) for _ in range(2)]
+    queue = admission(clock, max_in_flight=1, max_waiting=10, queue_timeout_s=2.0)
+    running = await run(queue, max_tokens=30)  # 30 tokens at 0.11 s: done in 3.3 s
+    ticket = queue.ticket(1, 10, 10)
+    with pytest.raises(OverloadedError, match=r"wait about 3\.3 s") as shed:
+        queue.check(ticket)
+    assert shed.value.headers["Retry-After"] == "2"  # 3.3 s of wait, 2 s allowed: ~1.3 s too early
+    # A client that comes back after Retry-After finds the running request nearly done: it waits.
+    clock.now += 2
+    running.generated = 20
+    queue.check(queue.ticket(1, 10, 10))
+
+
+async def test_right_after_an_idle_period_a_burst_is_admitted_up_to_what_fits() -> None:
+    """No decaying completion rate: the model predicts the same after an hour of idleness."""
+    clock = FakeClock()
+    queue = admission(clock, max_in_flight=4, max_waiting=100, queue_timeout_s=1.0)
+    clock.now += 3600
+    burst = [asyncio.create_task(run(queue, max_tokens=4)) for _ in range(40)]
+    await asyncio.sleep(0)  # each has been admitted, queued or refused
+    refused = [task for task in burst if task.done() and isinstance(task.exception(), OverloadedError)]
+    # 4 run (4 tokens at 0.14 s: 0.56 s); the next 4 get their slots then, within their 1 s; the
+    # 32 others would wait 1.12 s or more, so they are refused at once.
+    assert (queue.running, queue.waiting, len(refused)) == (4, 4, 32)
+    for task in burst:
+        task.cancel()
+    await asyncio.gather(*burst, return_exceptions=True)
+
+
+async def test_with_an_e2e_target_admission_keeps_running_requests_within_their_deadlines() -> None:
+    clock = FakeClock()
+    slo = SloConfig(e2e_s=2.0)
+    queue = admission(clock, slo=slo, max_in_flight=64, max_waiting=10)
+    first = await run(queue, max_tokens=14)  # alone: 14 x 0.11 = 1.54 s of its 2 s
+    assert first.deadline_at == pytest.approx(clock.now + 2.0)
+    # A second one would make every step 0.12 s: the first then needs 1.68 s: still in time.
+    second = await run(queue, max_tokens=14)
+    assert queue.running == 2
+    # A third: steps of 0.13 s, 14 x 0.13 = 1.82 s: still fits. A fourth (0.14 s, 1.96 s) too; a
+    # fifth (0.15 s: 2.1 s) would miss: it waits for room instead of making everyone late.
+    await run(queue, max_tokens=14)
+    await run(queue, max_tokens=14)
+    # Waiting for one of them to finish (~2 s) would make it miss its own target: refused now.
+    with pytest.raises(OverloadedError, match="latency target") as refused:
+        await run(queue, max_tokens=14)
+    assert queue.running == 4
+    assert int(refused.value.headers["Retry-After"]) >= 1
+    queue.release(second, completed=True)
+    await run(queue, max_tokens=14)
+    assert queue.running == 4
+
+
+async def test_a_request_that_cannot_meet_the_target_even_alone_is_served_best_effort() -> None:
+    queue = admission(slo=SloConfig(e2e_s=1.0), max_in_flight=64)
+    long = await run(queue, max_tokens=1000)
+    assert long.deadline_at is None
+    assert queue.running == 1
+
+
+async def test_a_request_whose_tokens_do_not_fit_the_kv_cache_beside_the_running_ones_waits() -> None:
+    queue = admission(max_in_flight=64, queue_timeout_s=100)
+    queue.kv_capacity_tokens = 1000
+    first = await run(queue, max_tokens=500)  # 10 + 500 tokens
+    waiter = asyncio.create_task(run(queue, max_tokens=600))  # 610 more would not fit
     await asyncio.sleep(0)
-    estimate = admission.estimated_wait_s()
-    assert estimate is not None
-    assert estimate == pytest.approx(3.0)  # 2 waiting + itself, at 4 completions in the 4 s observed
-    with pytest.raises(OverloadedError, match=r"would wait about 3\.0 s") as shed:
-        admission.check_fast()
-    assert shed.value.retry_after_s == 3
-    for waiter in waiters:
-        waiter.cancel()
+    assert (queue.running, queue.waiting) == (1, 1)
+    queue.release(first, completed=True)
+    await waiter
+    assert queue.running == 1
 
 
-async def test_without_shedding_by_estimate_only_hard_limits_refuse() -> None:
-    clock = FakeClock()
-    admission = controller(clock, max_in_flight=1, max_waiting=100, shed_by_estimate=False)
-    await admission.admit(1, 1)
-    clock.now += 100
-    admission.release(1)
-    await admission.admit(1, 1)
-    admission.check_fast()
+async def test_one_keys_burst_does_not_starve_another_key() -> None:
+    queue = admission(max_in_flight=1, max_waiting=100, queue_timeout_s=30)
+    blocker = await run(queue, key="a")
+    order: list[str] = []
+
+    async def request(key: str, name: str) -> Ticket:
+        ticket = await run(queue, key=key)
+        order.append(name)
+        return ticket
+
+    burst = [asyncio.create_task(request("a", f"a{i}")) for i in range(5)]
+    await asyncio.sleep(0)
+    other = asyncio.create_task(request("b", "b0"))
+    await asyncio.sleep(0)
+    current = blocker
+    for _ in range(6):
+        queue.release(current, completed=True)
+        await asyncio.sleep(0)
+        current = next(iter(queue._running))
+    await asyncio.gather(*burst, other)
+    assert order.index("b0") <= 1, (
+        f"b's request is served right after a's first, not after its burst: {order}"
+    )
+
+
+async def test_a_lower_priority_number_is_served_first() -> None:
+    queue = admission(max_in_flight=1, max_waiting=10, queue_timeout_s=30)
+    blocker = await run(queue)
+    order: list[str] = []
+
+    async def request(name: str, priority: int) -> None:
+        ticket = await run(queue, priority=priority)
+        order.append(name)
+        queue.release(ticket, completed=True)
+
+    tasks = [asyncio.create_task(request("later", 5)), asyncio.create_task(request("sooner", -1))]
+    await asyncio.sleep(0)
+    queue.release(blocker, completed=True)
+    await asyncio.gather(*tasks)
+    assert order == ["sooner", "later"]
 
 
 async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
     engine = FakeEngine()
     engine.token_delay_s = 0.05
-    overrides = parse_overrides(["admission.max_in_flight=1", "admission.max_waiting=1"])
+    overrides = parse_overrides(
+        ["admission.max_in_flight=1", "admission.max_waiting=1", "admission.queue_timeout_s=30"]
+    )
     app = create_app(load_config(None, overrides), engine_starter=fake_starter(engine), on_fatal=lambda: None)
     async with app.router.lifespan_context(app):
         while not app.state.runtime.is_ready:  # noqa: ASYNC110 - the runtime owns this flag
@@ -145,4 +289,51 @@ async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
             metrics = Scrape.parse((await client.get("/metrics")).text)
     assert metrics.value("llmserve_rejections_total", reason="overloaded") == 2
     assert metrics.value("llmserve_queue_wait_seconds_count") == 2
+    assert metrics.value("llmserve_rejection_latency_seconds_count") == 2
     assert app.state.permits.admission.running == 0
+
+
+async def test_a_client_that_waits_its_retry_after_is_then_served() -> None:
+    engine = FakeEngine()
+    engine.token_delay_s = 0.02
+    overrides = parse_overrides(
+        ["admission.max_in_flight=2", "admission.max_waiting=2", "admission.queue_timeout_s=1"]
+    )
+    app = create_app(load_config(None, overrides), engine_starter=fake_starter(engine), on_fatal=lambda: None)
+    async with app.router.lifespan_context(app):
+        while not app.state.runtime.is_ready:  # noqa: ASYNC110 - the runtime owns this flag
+            await asyncio.sleep(0.01)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
+            body = {"model": MODEL, "prompt": "a", "max_tokens": 20}
+
+            async def until_served() -> tuple[int, int]:
+                """(attempts, final status), each retry after the Retry-After it was given."""
+                for attempt in range(1, 4):
+                    response = await client.post("/v1/completions", json=body)
+                    if response.status_code != 429:
+                        return attempt, response.status_code
+                    await asyncio.sleep(int(response.headers["retry-after"]))
+                return attempt, response.status_code
+
+            results = await asyncio.gather(*(until_served() for _ in range(10)))
+    assert all(status == 200 for _, status in results), results
+    retried = [attempts for attempts, _ in results if attempts > 1]
+    assert retried, "the burst of 10 at 2 running + 2 waiting places was partly refused"
+    assert sum(1 for attempts in retried if attempts == 2) >= 0.9 * len(retried), (
+        "waiting Retry-After once is enough for nearly every refused client"
+    )
+
+
+async def test_refusals_of_a_long_burst_are_told_to_come_back_spread_out_and_at_most_a_minute_later() -> None:
+    queue = admission(max_in_flight=2, max_waiting=0, queue_timeout_s=0.1)
+    await run(queue, sequences=2, max_tokens=10)  # busy for 1.2 s
+    retry_afters = []
+    for _ in range(1000):
+        with pytest.raises(OverloadedError) as refused:
+            queue.check(queue.ticket(1, 10, 10))
+        retry_afters.append(int(refused.value.headers["Retry-After"]))
+    assert retry_afters == sorted(retry_afters), "later refusals are told to come back later"
+    assert retry_afters[0] <= 2
+    assert retry_afters[-1] == 60, "never more than a minute"
+    assert len(set(retry_afters)) > 30, "spread over the coming minute, two or so per second"

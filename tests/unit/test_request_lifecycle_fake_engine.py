@@ -22,7 +22,7 @@ from llmserve.errors import (
     RequestTimeoutError,
 )
 from llmserve.metrics import GatewayMetrics, RequestObservation
-from llmserve.policy.admission import AdmissionQueue
+from llmserve.policy.admission import Admission
 from llmserve.policy.permits import Permit, Permits
 from llmserve.policy.rate_limits import KeyLimits, RateLimiter
 from llmserve.protocol.completions import CompletionRequest
@@ -62,7 +62,7 @@ class Client:
 class Harness:
     config: Config
     engine: FakeEngine
-    admission: AdmissionQueue
+    admission: Admission
     limiter: RateLimiter
     permits: Permits
     pipeline: Pipeline
@@ -112,7 +112,7 @@ async def harness(*settings: str, engine: FakeEngine | None = None) -> AsyncIter
         ),
     )
     fake = engine or slow_engine(0)
-    admission = AdmissionQueue(config.admission)
+    admission = Admission(config.admission, config.slo)
     limiter = RateLimiter(config.auth, clock=lambda: 0.0)  # no refills: every token is accounted for
     permits = Permits(admission, limiter)
     pipeline = Pipeline(config, ReadyRuntime(fake), permits)  # type: ignore[arg-type]

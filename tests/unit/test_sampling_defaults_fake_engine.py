@@ -55,6 +55,11 @@ def test_the_baseline_engine_reads_them_like_vllm_and_the_switch_turns_them_off(
     assert read_sampling_defaults(overridden).temperature == 0.2
 
 
+def test_priority_scheduling_reaches_vllms_engine_arguments() -> None:
+    engine = load_config(None, {"engine": {"scheduling_policy": "priority"}}).engine
+    assert engine_arguments(engine, MODEL)["scheduling_policy"] == "priority"
+
+
 def test_the_switch_reaches_vllms_engine_arguments() -> None:
     engine = load_config(
         None, {"engine": {"generation_config": "vllm", "override_generation_config": {"top_k": 40}}}

@@ -40,6 +40,7 @@ class SamplingSpec:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     structured_output: StructuredOutput | None = None
+    priority: int = 0  # lower first; honoured by engines that schedule by priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+    kv_cache_tokens: int | None = None  # what the engine's KV cache holds, once it has told
 
 
 @runtime_checkable

@@ -54,6 +54,7 @@ def engine_arguments(config: EngineConfig, served_model_name: str) -> dict[str, 
         "enforce_eager": config.enforce_eager,
         "enable_prefix_caching": config.enable_prefix_caching,
         "seed": config.seed,
+        "scheduling_policy": config.scheduling_policy,
         "generation_config": config.generation_config,
         "override_generation_config": dict(config.override_generation_config),
         "tensor_parallel_size": config.tensor_parallel_size,
@@ -175,7 +176,9 @@ class VllmEngine(HfTextEngine):
             sampling_defaults=SamplingDefaults.from_generation_config(
                 llm.model_config.get_diff_sampling_param()
             ),
+            kv_cache_tokens=_kv_cache_tokens(llm),
         )
+        self._priority_scheduling = llm.vllm_config.scheduler_config.policy == "priority"
 
     @property
     def _llm(self) -> AsyncLLM:
@@ -210,7 +213,9 @@ class VllmEngine(HfTextEngine):
             params = to_sampling_params(sampling)
             top_n = sampling.logprobs or 0
             prompt_logprobs_pending = sampling.prompt_logprobs is not None
-            async with aclosing(self._llm.generate(engine_prompt, params, request_id)) as outputs:
+            priority = sampling.priority if self._priority_scheduling else 0
+            generation = self._llm.generate(engine_prompt, params, request_id, priority=priority)
+            async with aclosing(generation) as outputs:
                 async for output in outputs:
                     finished = output.finished
                     for completion in output.outputs:
@@ -239,6 +244,13 @@ class VllmEngine(HfTextEngine):
         finally:
             if not finished and not self.is_dead:
                 await self._llm.abort(request_id)
+
+
+def _kv_cache_tokens(llm: AsyncLLM) -> int | None:
+    """Tokens the KV cache holds, as the engine core reported at start-up."""
+    cache = llm.vllm_config.cache_config
+    blocks, block_size = cache.num_gpu_blocks, cache.block_size
+    return int(blocks * block_size) if blocks and block_size else None
 
 
 def _import_async_llm() -> type[AsyncLLM]:

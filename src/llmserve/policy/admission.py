@@ -1,151 +1,326 @@
-"""Admission control: a bounded queue in front of the engine that says 429 before doing any work.
+"""Admission: which requests the engine runs now, which wait, and which are refused at once.
 
-At most `max_in_flight` engine sequences run; up to `max_waiting` requests (holding at most
-`max_waiting_prompt_tokens` prompt tokens) wait, first come first served, each for at most
-`queue_timeout_s`. From the rate at which admitted requests complete, a new request's wait is
-estimated; one that would wait past its queue deadline is refused at once, before it is even
-tokenized, instead of being admitted to fail later.
+A request is admitted when it fits: engine slots (`max_in_flight` sequences), the KV cache (its
+prompt and the tokens it will likely generate, beside those of the running requests), and with
+an SLO, time: at the batch it would join, its predicted time in the engine meets the targets,
+and adding it pushes no running request that can still make its deadline past it. A request
+that does not fit waits in a fair queue (priority, then fair across keys) if its predicted wait
+leaves it time to meet its target (without an e2e target: to be admitted within
+`queue_timeout_s`); otherwise it is refused at once, before any engine work, with 429 and a
+Retry-After of the predicted time until it would fit. Predictions come from the ServiceModel,
+which learns from every token the engine produces; there is always one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmserve.config import AdmissionConfig
+from llmserve.config import AdmissionConfig, SloConfig
 from llmserve.errors import OverloadedError
+from llmserve.policy.fair_queue import FairQueue
+from llmserve.policy.service_model import ServiceModel
 
-RATE_WINDOW_S = 30.0
 MAX_RETRY_AFTER_S = 60
+# A request waits only if its predicted wait uses at most this share of the time it has: a
+# request refused after waiting is a slow refusal, so the queue takes what it will surely serve.
+QUEUE_CONFIDENCE = 0.8
 
 
-@dataclass
-class _Waiter:
-    cost: int
+@dataclass(eq=False)
+class Ticket:
+    """One request's claim on the engine, from the moment it asks until it is released."""
+
+    sequences: int
     prompt_tokens: int
+    max_tokens: int  # per sequence
+    key: str | None = None
+    priority: int = 0
+    arrived_at: float = 0.0
+    expected_tokens: int = 0
+    deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
+    admitted_at: float | None = None
+    predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
+    generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
+    def remaining_tokens(self) -> int:
+        return max(1, self.expected_tokens - self.generated // max(1, self.sequences))
 
-class CompletionRate:
-    """Completions per second over a sliding window: how fast the queue drains."""
-
-    def __init__(self, clock: Callable[[], float], window_s: float = RATE_WINDOW_S) -> None:
-        self._clock = clock
-        self._window_s = window_s
-        self._finished: deque[float] = deque()
-        self._started_at = clock()
-
-    def record(self) -> None:
-        self._finished.append(self._clock())
-
-    def per_second(self) -> float | None:
-        now = self._clock()
-        while self._finished and self._finished[0] < now - self._window_s:
-            self._finished.popleft()
-        if not self._finished:
-            return None
-        observed_for = min(self._window_s, now - self._started_at)
-        return len(self._finished) / max(observed_for, 1.0)
+    @property
+    def kv_tokens(self) -> int:
+        return self.sequences * (self.prompt_tokens + self.expected_tokens)
 
 
-class AdmissionQueue:
-    def __init__(self, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic) -> None:
+class TypicalRequest:
+    """A running average of the requests arriving: the size the batch limit is planned for."""
+
+    def __init__(self) -> None:
+        self._prompt_tokens = 0.0
+        self._tokens = 0.0
+        self._seen = 0
+
+    def observe(self, ticket: Ticket) -> None:
+        if ticket.prompt_tokens == 0:  # a probe before planning, not a request
+            return
+        weight = max(0.05, 1 / (self._seen + 1))
+        self._prompt_tokens += weight * (ticket.prompt_tokens - self._prompt_tokens)
+        self._tokens += weight * (ticket.expected_tokens - self._tokens)
+        self._seen += 1
+
+    @property
+    def prompt_tokens(self) -> int:
+        return round(self._prompt_tokens)
+
+    @property
+    def tokens(self) -> int:
+        return max(1, round(self._tokens))
+
+
+class Admission:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        slo: SloConfig,
+        model: ServiceModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
-        self.rate = CompletionRate(clock)
-        self.running = 0
-        self._waiting: deque[_Waiter] = deque()
-        self._waiting_tokens = 0
+        self.slo = slo
+        self.model = model or ServiceModel()
+        self.kv_capacity_tokens: int | None = None  # set once the engine has told it
+        self._clock = clock
+        self._running: set[Ticket] = set()
+        self._waiting: FairQueue[Ticket] = FairQueue()
+        self._told_to_retry: list[float] = []  # when refused requests were told to come back
+        self._typical = TypicalRequest()
+
+    @property
+    def running(self) -> int:
+        """Engine sequences running (a request with n choices or prompts counts each)."""
+        return sum(ticket.sequences for ticket in self._running)
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def estimated_wait_s(self, ahead: int | None = None) -> float | None:
-        """How long a request joining the queue now would wait, from the observed drain rate."""
-        if self.running < self.config.max_in_flight and not self._waiting:
-            return 0.0
-        rate = self.rate.per_second()
-        if rate is None:
-            return None
-        return ((self.waiting if ahead is None else ahead) + 1) / rate
+    def ticket(
+        self, sequences: int, prompt_tokens: int, max_tokens: int, key: str | None = None, priority: int = 0
+    ) -> Ticket:
+        now = self._clock()
+        ticket = Ticket(
+            sequences=min(sequences, self.config.max_in_flight),
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            key=key,
+            priority=priority,
+            arrived_at=now,
+            expected_tokens=self.model.expected_tokens(max_tokens),
+        )
+        target = self.slo.e2e_s
+        if target is not None and self._service_s(ticket, ticket.sequences) <= target:
+            ticket.deadline_at = now + target
+        self._typical.observe(ticket)
+        return ticket
 
-    def retry_after_s(self) -> int:
-        wait = self.estimated_wait_s()
-        seconds = self.config.queue_timeout_s if wait is None else wait
-        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(seconds)))
-
-    def check_fast(self) -> None:
-        """Refuse at once what cannot be served in time: before tokenizing, before queueing."""
-        if not self.config.enabled:
+    def check(self, ticket: Ticket) -> None:
+        """Refuse at once what cannot be served in time (429 with Retry-After)."""
+        if not self.config.enabled or (not self._waiting and self._fits(ticket, self._clock())):
             return
-        must_wait = bool(self._waiting) or self.running >= self.config.max_in_flight
-        if must_wait and self.waiting >= self.config.max_waiting:
-            raise OverloadedError(
-                "The server is at capacity: too many requests are waiting.", self.retry_after_s()
-            )
-        wait = self.estimated_wait_s()
-        if self.config.shed_by_estimate and wait is not None and wait > self.config.queue_timeout_s:
-            raise OverloadedError(
-                f"The server is overloaded: a new request would wait about {wait:.1f} s "
-                f"(limit {self.config.queue_timeout_s:g} s).",
-                self.retry_after_s(),
-            )
-
-    async def admit(self, cost: int, prompt_tokens: int) -> None:
-        """Wait for `cost` engine slots; raise OverloadedError if that cannot happen in time.
-
-        A caller cancelled while waiting (client gone, deadline) leaves the queue; one cancelled
-        just as it was admitted gives its slots back."""
-        cost = min(cost, self.config.max_in_flight)
-        if not self.config.enabled or (
-            not self._waiting and self.running + cost <= self.config.max_in_flight
+        if self.waiting >= self.config.max_waiting:
+            raise self._refuse(ticket, "The server is at capacity: too many requests are waiting.")
+        if (
+            sum(t.prompt_tokens for t in self._waiting) + ticket.prompt_tokens
+            > self.config.max_waiting_prompt_tokens
         ):
-            self.running += cost
-            return
-        self.check_fast()
-        if self._waiting_tokens + prompt_tokens > self.config.max_waiting_prompt_tokens:
-            raise OverloadedError(
-                "The server is at capacity: too many prompt tokens are waiting.", self.retry_after_s()
+            raise self._refuse(ticket, "The server is at capacity: too many prompt tokens are waiting.")
+        wait, budget = self._predicted_wait_s(ticket), self._wait_budget_s(ticket)
+        if self.config.shed_by_estimate and wait > QUEUE_CONFIDENCE * budget:
+            raise self._refuse(
+                ticket,
+                f"The server is overloaded: this request would wait about {wait:.1f} s, "
+                f"{self._budget_reason(ticket)} leaves {max(0.0, budget):.1f} s.",
             )
-        waiter = _Waiter(cost, prompt_tokens)
-        self._waiting.append(waiter)
-        self._waiting_tokens += prompt_tokens
+
+    async def admit(self, ticket: Ticket) -> None:
+        """Run `ticket` now, or wait for room in the fair queue; raise OverloadedError when it
+        cannot be served in time. A caller cancelled while waiting leaves the queue; one cancelled
+        just as it was admitted gives its place back."""
+        self.check(ticket)
+        if not self.config.enabled or (not self._waiting and self._fits(ticket, self._clock())):
+            self._start(ticket)
+            return
+        self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
+        self._admit_waiters()
+        budget = max(self._wait_budget_s(ticket), 0.01)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.admitted), self.config.queue_timeout_s)
+            await asyncio.wait_for(asyncio.shield(ticket.admitted), budget)
         except TimeoutError:
-            if waiter.admitted.done():
+            if ticket.admitted.done():
                 return
-            self._leave(waiter)
-            raise OverloadedError(
-                f"The request waited {self.config.queue_timeout_s:g} s without being admitted.",
-                self.retry_after_s(),
+            self._leave(ticket)
+            raise self._refuse(
+                ticket, f"The request waited {budget:.1f} s without room to be served in time."
             ) from None
+        except OverloadedError:  # refused while waiting: it could no longer be served in time
+            raise
         except BaseException:
-            if waiter.admitted.done():
-                self.release(cost, completed=False)
+            if ticket.admitted.done():
+                self.release(ticket, completed=False)
             else:
-                self._leave(waiter)
+                self._leave(ticket)
             raise
 
-    def _leave(self, waiter: _Waiter) -> None:
-        self._waiting.remove(waiter)
-        self._waiting_tokens -= waiter.prompt_tokens
-        waiter.admitted.cancel()
+    def release(self, ticket: Ticket, completed: bool) -> None:
+        if ticket in self._running:
+            self._running.discard(ticket)
+            if completed and ticket.admitted_at is not None:
+                self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
+                self.model.observe_service(ticket.predicted_s, self._clock() - ticket.admitted_at)
         self._admit_waiters()
 
-    def release(self, cost: int, completed: bool = True) -> None:
-        self.running -= min(cost, self.config.max_in_flight)
-        if completed:
-            self.rate.record()
+    def _start(self, ticket: Ticket) -> None:
+        ticket.admitted_at = self._clock()
+        ticket.predicted_s = self._service_s(
+            ticket, max(self.running + ticket.sequences, self._batch_limit())
+        )
+        self._running.add(ticket)
+        if not ticket.admitted.done():
+            ticket.admitted.set_result(None)
+
+    def _leave(self, ticket: Ticket) -> None:
+        self._waiting.remove(ticket)
+        ticket.admitted.cancel()
         self._admit_waiters()
 
     def _admit_waiters(self) -> None:
-        while self._waiting and self.running + self._waiting[0].cost <= self.config.max_in_flight:
-            waiter = self._waiting.popleft()
-            self._waiting_tokens -= waiter.prompt_tokens
-            self.running += waiter.cost
-            waiter.admitted.set_result(None)
+        """Admit from the head of the queue while it fits. A head that can no longer make its e2e
+        deadline at the batch running now is refused, rather than left to block those behind."""
+        now = self._clock()
+        while (head := self._waiting.peek()) is not None:
+            if self._fits(head, now):
+                self._start(self._waiting.pop())
+            elif self._too_late(head, now, self._batch_limit()):
+                self._waiting.pop()
+                head.admitted.set_exception(
+                    self._refuse(head, "The request can no longer be served within its latency target.")
+                )
+            else:
+                return
+
+    # The predictions.
+
+    def _service_s(self, ticket: Ticket, batch: int) -> float:
+        return self.model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch)
+
+    def _fits(self, ticket: Ticket, now: float) -> bool:
+        """Room now: slots and KV for it within the batch limit, and time to finish by its
+        deadline even once the batch has grown to that limit."""
+        if not self._running:
+            return True  # alone it is served, whatever its targets
+        limit = self._batch_limit()
+        if self.running + ticket.sequences > limit:
+            return False
+        capacity = self.kv_capacity_tokens
+        if capacity is not None and sum(t.kv_tokens for t in self._running) + ticket.kv_tokens > capacity:
+            return False
+        return not self._too_late(ticket, now, limit)
+
+    def _too_late(self, ticket: Ticket, now: float, limit: int) -> bool:
+        deadline = ticket.deadline_at
+        return deadline is not None and now + self._service_s(ticket, limit) > deadline
+
+    def _batch_limit(self) -> int:
+        """The largest batch at which a typical request of the current traffic meets the targets:
+        the engine runs that full, so every admitted request can plan on it."""
+        typical = self._typical
+        for batch in range(1, self.config.max_in_flight + 1):
+            late = self._too_slow_per_token(typical.prompt_tokens, batch) or (
+                self.slo.e2e_s is not None
+                and self.model.service_s(typical.prompt_tokens, typical.tokens, batch) > self.slo.e2e_s
+            )
+            if late:
+                return max(1, batch - 1)
+        return self.config.max_in_flight
+
+    def _too_slow_per_token(self, prompt_tokens: int, batch: int) -> bool:
+        """At `batch`, a step would exceed the TPOT target, or prefill and a step the TTFT target."""
+        step = self.model.step_s(batch)
+        if self.slo.tpot_s is not None and step > self.slo.tpot_s:
+            return True
+        ttft = self.slo.ttft_s
+        return ttft is not None and self.model.prefill_s(prompt_tokens) + step > ttft
+
+    def _predicted_wait_s(self, ticket: Ticket, position: int | None = None) -> float:
+        """When `ticket` would be admitted: running requests finish at their predicted times, and
+        those queued ahead of it take the freed slots first, each then running for its service
+        time. `position`: as if that many were ahead (more than are waiting: others like it)."""
+        now = self._clock()
+        limit = max(self._batch_limit(), ticket.sequences)
+        step = self.model.step_s(max(1, self.running))
+        finishing = sorted((now + t.remaining_tokens() * step, t.sequences) for t in self._running)
+        running = self.running
+        ahead = [t for t in self._waiting.ahead_of(ticket) if t is not ticket]
+        beyond_s = 0.0
+        if position is not None:
+            # Far back, each `limit` more ahead add one service time: no need to simulate them all.
+            simulated = min(position, len(ahead) + 4 * limit)
+            beyond_s = (position - simulated) / limit * self._service_s(ticket, limit)
+            ahead = ahead[:simulated] + [ticket] * max(0, simulated - len(ahead))
+        time_now = now
+        while True:
+            while ahead and running + ahead[0].sequences <= limit:
+                queued = ahead.pop(0)
+                running += queued.sequences
+                finishing.append((time_now + self._service_s(queued, limit), queued.sequences))
+                finishing.sort()
+            if (not ahead and (running == 0 or running + ticket.sequences <= limit)) or not finishing:
+                return time_now - now + beyond_s
+            time_now, freed = finishing.pop(0)
+            running -= freed
+
+    def _wait_budget_s(self, ticket: Ticket) -> float:
+        """How long it may wait: until it would miss its e2e deadline or its TTFT target, else
+        until queue_timeout_s."""
+        now, limit = self._clock(), self._batch_limit()
+        budgets = []
+        if ticket.deadline_at is not None:
+            budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit))
+        if self.slo.ttft_s is not None:
+            first_token_s = self.model.prefill_s(ticket.prompt_tokens) + self.model.step_s(limit)
+            budgets.append(ticket.arrived_at + self.slo.ttft_s - now - first_token_s)
+        if not budgets:
+            budgets.append(self.config.queue_timeout_s - (now - ticket.arrived_at))
+        return min(budgets)
+
+    def _budget_reason(self, ticket: Ticket) -> str:
+        if ticket.deadline_at is not None or self.slo.ttft_s is not None:
+            return "its latency target"
+        return "the queue deadline"
+
+    def _refuse(self, ticket: Ticket, message: str) -> OverloadedError:
+        """429 with a Retry-After of when there should be room for it, behind those waiting and
+        those refused before it that were told to come back (so a refused burst comes back spread
+        out, not as one herd): when the waiting room has a place, and waiting then leaves it time."""
+        now = self._clock()
+        while self._told_to_retry and self._told_to_retry[0] <= now:
+            self._told_to_retry.pop(0)
+        position = self.waiting + len(self._told_to_retry)
+        admitted_at = self._predicted_wait_s(ticket, position)
+        room_at = (
+            self._predicted_wait_s(ticket, position - self.config.max_waiting)
+            if (position >= self.config.max_waiting)
+            else 0.0
+        )
+        allowed = QUEUE_CONFIDENCE * max(0.0, self._wait_budget_s(ticket))
+        retry_after = _seconds(max(room_at, admitted_at - allowed))
+        bisect.insort(self._told_to_retry, now + retry_after)
+        return OverloadedError(message, retry_after)
+
+
+def _seconds(wait_s: float) -> int:
+    return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait_s)))

@@ -14,6 +14,7 @@ requests in flight: the gauge reads it and a drain waits for it to empty.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol
 
 from llmserve.errors import DrainingError, RequestTimeoutError, ServingError
-from llmserve.policy.admission import AdmissionQueue
+from llmserve.policy.admission import Admission, Ticket
 from llmserve.policy.rate_limits import KeyLimits, RateLimiter
 
 ExpiryReason = Literal["timeout", "draining"]
@@ -33,7 +34,11 @@ class Cost:
 
     sequences: int
     prompt_tokens: int
-    max_new_tokens: int
+    max_new_tokens: int  # over all its sequences
+
+    @property
+    def max_tokens_per_sequence(self) -> int:
+        return self.max_new_tokens // max(1, self.sequences)
 
 
 class Usage(Protocol):
@@ -105,25 +110,36 @@ class Permit:
         self,
         permits: Permits,
         route: str,
+        key_id: str | None,
         key: KeyLimits | None,
         deadline: Deadline,
         usage: Usage,
+        priority: int,
     ) -> None:
         self.route = route
         self.deadline = deadline
         self._permits = permits
+        self._key_id = key_id
         self._key = key
         self._usage = usage
+        self._priority = priority
         self._cost: Cost | None = None
+        self._ticket: Ticket | None = None
         self._reserved_tokens = 0
-        self._slots = 0
         self._work_started = False
         self._handed_over = False
+        self._last_token_at: dict[int, float] = {}
         self.released = False
 
-    def check_capacity(self) -> None:
-        """Refuse at once what the admission queue cannot serve in time (before any work)."""
-        self._permits.admission.check_fast()
+    @property
+    def _admission(self) -> Admission:
+        return self._permits.admission
+
+    def check_capacity(self, sequences: int) -> None:
+        """Before planning: refuse at once (429) when even a one-token request of this size could
+        not be served in time, so hopeless requests cost no tokenizing."""
+        probe = self._admission.ticket(sequences, 0, 1, self._key_id, self._priority)
+        self._admission.check(probe)
 
     def reserve(self, cost: Cost) -> None:
         """Take the key's tokens for the planned request: prompt + every token it may generate."""
@@ -132,11 +148,16 @@ class Permit:
             self._reserved_tokens = self._key.reserve_tokens(cost.prompt_tokens + cost.max_new_tokens)
 
     async def admit(self) -> None:
-        """Wait for the request's admission slots, within its deadline."""
+        """Wait for the engine to have room for the request, within its deadline (429 if it
+        cannot be served in time)."""
         assert self._cost is not None, "reserve() tells the permit what the request costs"
+        cost = self._cost
+        ticket = self._admission.ticket(
+            cost.sequences, cost.prompt_tokens, cost.max_tokens_per_sequence, self._key_id, self._priority
+        )
         async with self.deadline.scope():
-            await self._permits.admission.admit(self._cost.sequences, self._cost.prompt_tokens)
-        self._slots = self._cost.sequences
+            await self._admission.admit(ticket)
+        self._ticket = ticket
 
     def start(self) -> None:
         """The engine works for this request from now on: what it uses is no longer refunded."""
@@ -153,13 +174,32 @@ class Permit:
     def headers(self) -> dict[str, str]:
         return self._key.headers() if self._key is not None else {}
 
+    # The engine's progress, as the request's generation observer: what admission learns from.
+
+    def on_prompt(self, prompt_tokens: int) -> None:
+        pass
+
+    def on_tokens(self, choice: int, count: int) -> None:
+        ticket = self._ticket
+        if ticket is None or count <= 0:
+            return
+        now = time.monotonic()
+        ticket.generated += count
+        model, batch = self._admission.model, self._admission.running
+        previous = self._last_token_at.get(choice)
+        if previous is not None:
+            model.observe_step(batch, (now - previous) / count)
+        elif ticket.admitted_at is not None and not self._last_token_at:
+            model.observe_prefill(ticket.prompt_tokens, now - ticket.admitted_at, batch)
+        self._last_token_at[choice] = now
+
     def release(self, completed: bool) -> None:
         if self.released:
             raise RuntimeError("a permit is released exactly once")
         self.released = True
         self.deadline.cancel()
-        if self._slots:
-            self._permits.admission.release(self._slots, completed=completed)
+        if self._ticket is not None:
+            self._admission.release(self._ticket, completed=completed)
         if self._key is not None:
             if self._work_started:
                 assert self._cost is not None
@@ -187,13 +227,15 @@ def _succeeded(task: asyncio.Task[Any]) -> bool:
 class Permits:
     """Issues permits and knows every one held: the requests in flight."""
 
-    def __init__(self, admission: AdmissionQueue, limiter: RateLimiter) -> None:
+    def __init__(self, admission: Admission, limiter: RateLimiter) -> None:
         self.admission = admission
         self._limiter = limiter
         self._held: set[Permit] = set()
         self._drain_at: float | None = None
 
-    def issue(self, route: str, key_id: str | None, timeout_s: float, usage: Usage) -> Permit:
+    def issue(
+        self, route: str, key_id: str | None, timeout_s: float, usage: Usage, priority: int = 0
+    ) -> Permit:
         """Take one request from the key (429 when it has none left) and start the deadline."""
         key = self._limiter.limits_of(key_id)
         if key is not None:
@@ -201,7 +243,7 @@ class Permits:
         deadline = Deadline(timeout_s)
         if self._drain_at is not None:
             deadline.move_earlier(self._drain_at, "draining")
-        permit = Permit(self, route, key, deadline, usage)
+        permit = Permit(self, route, key_id, key, deadline, usage, priority)
         self._held.add(permit)
         return permit
 

@@ -60,6 +60,9 @@ class SamplingFields(OpenAIBaseModel):
     user: str | None = None
     # llmserve extension: finish within this many seconds (capped by server.request_timeout_s).
     timeout: float | None = Field(default=None, gt=0)
+    # vLLM extension: a lower number is served first (admission's queue; vLLM's scheduler too when
+    # engine.scheduling_policy is priority).
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1), INTEGRAL] = 0
 
     @property
     def include_usage_chunk(self) -> bool:
@@ -104,6 +107,7 @@ class SamplingFields(OpenAIBaseModel):
             logprobs=self.logprobs_count(),
             logit_bias={int(key): bias for key, bias in self.logit_bias.items()} if self.logit_bias else None,
             structured_output=self.structured_output(),
+            priority=self.priority,
             **extra,
         )
 

@@ -29,6 +29,22 @@ class GenerationObserver(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Observers:
+    """Both the request's metrics and its permit (which teaches admission the engine's pace)."""
+
+    metrics: GenerationObserver
+    permit: GenerationObserver
+
+    def on_prompt(self, prompt_tokens: int) -> None:
+        self.metrics.on_prompt(prompt_tokens)
+        self.permit.on_prompt(prompt_tokens)
+
+    def on_tokens(self, choice: int, count: int) -> None:
+        self.metrics.on_tokens(choice, count)
+        self.permit.on_tokens(choice, count)
+
+
+@dataclass(frozen=True, slots=True)
 class RequestContext:
     """One request's identity and its observer, for every step of its life."""
 

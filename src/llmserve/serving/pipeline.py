@@ -27,7 +27,7 @@ from llmserve.protocol.sampling import SamplingFields
 from llmserve.runtime import EngineRuntime
 from llmserve.serving.disconnect import ClientDisconnectedError, cancel_on_disconnect
 from llmserve.serving.event_stream import EventStream
-from llmserve.serving.generation import RequestContext
+from llmserve.serving.generation import Observers, RequestContext
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ class Pipeline:
         engine = self._runtime.engine()  # 503 while starting, draining or dead
         if request.model != self._model_name:
             raise ModelNotFoundError(request.model)
-        context = RequestContext(f"{service.id_prefix}-{uuid.uuid4().hex}", observation)
         timeout_s = min(self._request_timeout_s, request.timeout or self._request_timeout_s)
-        permit = self._permits.issue(observation.route, key_id, timeout_s, observation)  # 429: key's requests
+        permit = self._permits.issue(observation.route, key_id, timeout_s, observation, request.priority)
+        context = RequestContext(f"{service.id_prefix}-{uuid.uuid4().hex}", Observers(observation, permit))
         try:
             async with permit:
-                permit.check_capacity()  # 429 at once when the queue cannot serve it in time
+                permit.check_capacity(request.n)  # 429 at once when it could not be served in time
                 plan = await service.plan(engine, request, context)  # 400: validate, tokenize, fit
                 permit.reserve(plan.cost)  # 429: the key's tokens
                 await self._wait_for_slots(permit, http, observation)  # 429 when the queue gives up

@@ -1,0 +1,366 @@
+"""Goodput under overload: `vllm serve`, llmserve without admission and llmserve with SLO admission,
+side by side in one run, on the same model, engine arguments and seeded requests.
+
+    python -m loadtest.goodput_bench            (what `make bench-overload` runs)
+
+1. Capacity: llmserve without admission, 64 clients back to back: completions per second (C)
+   and the e2e p50 of a request at that batch (S).
+2. The SLO: e2e p99 target T (--e2e-slo; default 2 x S, rounded up to 0.5 s).
+3. For each server: open-loop Poisson arrivals at each --loads multiple of C for --duration s,
+   then a burst of --burst x C x T requests at once after --idle s of nothing. Client timeout 3 T:
+   a request unanswered by then has failed.
+4. Per server and load: goodput (answered 200 within T, per second of arrivals), throughput,
+   admitted p50/p99, refusals and their p99 as the client saw them and, for llmserve, as the
+   server measured them (llmserve_rejection_latency_seconds), and false refusals (refused at a
+   load where a server without admission answered every request within T).
+
+Writes results/goodput/{goodput.json,goodput.png} and docs/benchmarks/overload.md. Loopback only,
+bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from loadtest.bench_driver import percentile
+from loadtest.prom import Scrape, bucket_deltas, histogram_quantile
+from loadtest.report import BENCHMARK_DOCS, benchmark_image, publish
+from loadtest.server_process import REPO, ServerProcess, start_server, start_vllm_serve
+from loadtest.workload import seeded_prompt
+
+MODEL = "SmolLM2-135M-Instruct"
+PROFILE = REPO / "configs" / "cpu-smollm2.yaml"
+
+
+@dataclass
+class Outcome:
+    status: int
+    latency_s: float
+
+
+@dataclass
+class Row:
+    server: str
+    load: str
+    offered_rps: float
+    offered: int
+    ok: int
+    good: int
+    refused: int
+    failed: int
+    goodput_rps: float
+    throughput_rps: float
+    admitted_p50_s: float
+    admitted_p99_s: float
+    refusal_p99_client_ms: float
+    refusal_p99_server_ms: float | None
+    false_refusals: int | None = None
+
+
+def request_body(rng: random.Random, max_tokens: tuple[int, int]) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "prompt": seeded_prompt(rng, 16, 96),
+        "max_tokens": rng.randint(*max_tokens),
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+
+
+async def send(client: httpx.AsyncClient, body: dict[str, object], outcomes: list[Outcome]) -> None:
+    started = time.perf_counter()
+    try:
+        status = (await client.post("/v1/completions", json=body)).status_code
+    except httpx.HTTPError:
+        status = 0
+    outcomes.append(Outcome(status, time.perf_counter() - started))
+
+
+def client(base_url: str, timeout_s: float) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+    return httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits)
+
+
+async def poisson(
+    base_url: str, rate: float, duration_s: float, seed: int, args: argparse.Namespace
+) -> list[Outcome]:
+    rng, outcomes = random.Random(seed), []
+    async with client(base_url, args.timeout) as http:
+        tasks, started, next_at = [], time.monotonic(), 0.0
+        while next_at < duration_s:
+            await asyncio.sleep(max(0.0, started + next_at - time.monotonic()))
+            tasks.append(asyncio.create_task(send(http, request_body(rng, args.max_tokens), outcomes)))
+            next_at += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+    return outcomes
+
+
+async def burst(base_url: str, count: int, seed: int, args: argparse.Namespace) -> list[Outcome]:
+    rng, outcomes = random.Random(seed), []
+    async with client(base_url, args.timeout) as http:
+        await asyncio.gather(
+            *(send(http, request_body(rng, args.max_tokens), outcomes) for _ in range(count))
+        )
+    return outcomes
+
+
+async def closed_loop(
+    base_url: str, clients: int, duration_s: float, args: argparse.Namespace
+) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    stop_at = time.monotonic() + duration_s
+
+    async def worker(index: int, http: httpx.AsyncClient) -> None:
+        rng = random.Random(index)
+        while time.monotonic() < stop_at:
+            await send(http, request_body(rng, args.max_tokens), outcomes)
+
+    async with client(base_url, args.timeout) as http:
+        await asyncio.gather(*(worker(i, http) for i in range(clients)))
+    return outcomes
+
+
+def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None) -> float | None:
+    if before is None or after is None or not after.has("llmserve_rejection_latency_seconds_bucket"):
+        return None
+    p99 = histogram_quantile(0.99, bucket_deltas(after, before, "llmserve_rejection_latency_seconds"))
+    return None if p99 is None else p99 * 1000
+
+
+def row(
+    server: str,
+    load: str,
+    rate: float,
+    window_s: float,
+    outcomes: list[Outcome],
+    slo_s: float,
+    before: Scrape | None,
+    after: Scrape | None,
+) -> Row:
+    ok = [o.latency_s for o in outcomes if o.status == 200]
+    refused = [o.latency_s * 1000 for o in outcomes if o.status == 429]
+    good = sum(1 for latency in ok if latency <= slo_s)
+    return Row(
+        server=server,
+        load=load,
+        offered_rps=rate,
+        offered=len(outcomes),
+        ok=len(ok),
+        good=good,
+        refused=len(refused),
+        failed=len(outcomes) - len(ok) - len(refused),
+        goodput_rps=good / window_s,
+        throughput_rps=len(ok) / window_s,
+        admitted_p50_s=percentile(ok, 50),
+        admitted_p99_s=percentile(ok, 99),
+        refusal_p99_client_ms=percentile(refused, 99),
+        refusal_p99_server_ms=refusal_p99_server_ms(before, after),
+    )
+
+
+def scrape(server: ServerProcess) -> Scrape | None:
+    try:
+        return server.scrape()
+    except httpx.HTTPError:
+        return None
+
+
+def wait_idle(server: ServerProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        current = scrape(server)
+        if (
+            current is None
+            or current.value("vllm:num_requests_running") + current.value("vllm:num_requests_waiting") == 0
+        ):
+            return
+        time.sleep(0.5)
+
+
+def measure_capacity(args: argparse.Namespace, workdir: Path) -> tuple[float, float]:
+    server = start_server(workdir / "capacity.log", "--set", "admission.enabled=false")
+    try:
+        server.wait_ready(300)
+        asyncio.run(closed_loop(server.base_url, 8, 5, args))  # warm
+        started = time.monotonic()
+        outcomes = asyncio.run(closed_loop(server.base_url, args.clients, args.capacity_duration, args))
+        elapsed = time.monotonic() - started
+    finally:
+        server.stop()
+    ok = [o.latency_s for o in outcomes if o.status == 200]
+    return len(ok) / elapsed, percentile(ok, 50)
+
+
+def run_server(
+    name: str, server: ServerProcess, args: argparse.Namespace, capacity: float, slo_s: float
+) -> list[Row]:
+    rows = []
+    try:
+        server.wait_ready(600)
+        asyncio.run(closed_loop(server.base_url, 4, 3, args))  # warm
+        for index, multiple in enumerate(args.loads):
+            rate = multiple * capacity
+            print(f"[{name}] {multiple:g}x capacity: {rate:.1f} req/s for {args.duration:g} s", flush=True)
+            before = scrape(server)
+            outcomes = asyncio.run(poisson(server.base_url, rate, args.duration, args.seed + index, args))
+            wait_idle(server, args.timeout)
+            rows.append(
+                row(name, f"{multiple:g}x", rate, args.duration, outcomes, slo_s, before, scrape(server))
+            )
+        count = max(1, math.ceil(args.burst * capacity * slo_s))
+        print(f"[{name}] {args.idle:g} s idle, then a burst of {count}", flush=True)
+        time.sleep(args.idle)
+        before = scrape(server)
+        outcomes = asyncio.run(burst(server.base_url, count, args.seed + 99, args))
+        wait_idle(server, args.timeout)
+        # A burst's goodput is per second of the SLO: how many it answered in time.
+        rows.append(row(name, f"burst {count}", float("nan"), slo_s, outcomes, slo_s, before, scrape(server)))
+    finally:
+        server.stop()
+    return rows
+
+
+def mark_false_refusals(rows: list[Row]) -> None:
+    """A refusal is false at a load where a server without admission (vllm serve, or llmserve
+    without it) answered every request within the SLO: waiting would have served it in time."""
+    served_all = {r.load for r in rows if not r.server.startswith("llmserve, SLO") and r.good == r.offered}
+    for r in rows:
+        if r.server.startswith("llmserve, SLO"):
+            r.false_refusals = r.refused if r.load in served_all else 0
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
+        "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
+        "false 429 |",
+        "| --- | --- " + "| ---: " * 13 + "|",
+    ]
+    for r in rows:
+        server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
+        false = "n/a" if r.false_refusals is None else str(r.false_refusals)
+        lines.append(
+            f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
+            f"{r.refused} | "
+            f"{r.failed} | {r.goodput_rps:.2f} | {r.throughput_rps:.2f} | {r.admitted_p50_s:.2f} | "
+            f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | {false} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], capacity: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (goodput, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for server in dict.fromkeys(r.server for r in rows):
+        points = [r for r in rows if r.server == server and not r.load.startswith("burst")]
+        loads = [r.offered_rps / capacity for r in points]
+        goodput.plot(loads, [r.goodput_rps / capacity for r in points], marker="o", label=server)
+        latency.plot(loads, [r.admitted_p99_s for r in points], marker="o", label=server)
+    goodput.set_xlabel("offered load (x capacity)")
+    goodput.set_ylabel("goodput (x capacity)")
+    goodput.set_title("requests answered within the SLO, per second")
+    latency.set_xlabel("offered load (x capacity)")
+    latency.set_ylabel("p99 e2e of answered requests (s)")
+    latency.set_title("latency of what was answered")
+    for axis in (goodput, latency):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 1, 1.5, 2, 3, 4]
+    )
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per load")
+    parser.add_argument("--capacity-duration", type=float, default=20.0)
+    parser.add_argument("--clients", type=int, default=64, help="closed-loop clients for the capacity")
+    parser.add_argument("--max-tokens", type=lambda s: tuple(int(x) for x in s.split(",")), default=(16, 48))
+    parser.add_argument("--e2e-slo", type=float, help="seconds; default 2 x e2e p50 at capacity")
+    parser.add_argument("--burst", type=float, default=2.0, help="burst size in units of capacity x SLO")
+    parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--timeout", type=float, help="client timeout; default 3 x SLO")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--servers", default="vllm,off,slo")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "goodput")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="llmserve-goodput-") as tmp:
+        workdir = Path(tmp)
+        capacity, full_batch_p50 = measure_capacity(args, workdir)
+        slo_s = args.e2e_slo or max(0.5, math.ceil(2 * full_batch_p50 * 2) / 2)
+        args.timeout = args.timeout or 3 * slo_s
+        print(
+            f"capacity {capacity:.1f} req/s (e2e p50 {full_batch_p50:.2f} s at {args.clients} clients); "
+            f"SLO e2e {slo_s:g} s",
+            flush=True,
+        )
+        servers = {
+            "vllm": ("vllm serve", lambda: start_vllm_serve(workdir / "vllm.log", PROFILE)),
+            "off": (
+                "llmserve, no admission",
+                lambda: start_server(workdir / "off.log", "--set", "admission.enabled=false"),
+            ),
+            "slo": (
+                f"llmserve, SLO admission (e2e {slo_s:g} s)",
+                lambda: start_server(workdir / "slo.log", "--set", f"slo.e2e_s={slo_s}"),
+            ),
+        }
+        rows: list[Row] = []
+        for key in args.servers.split(","):
+            name, start = servers[key]
+            rows += run_server(name, start(), args, capacity, slo_s)
+    mark_false_refusals(rows)
+    report = table(rows)
+    print(report)
+    (args.out / "goodput.json").write_text(
+        json.dumps(
+            {"capacity_rps": capacity, "slo_e2e_s": slo_s, "rows": [asdict(r) for r in rows]}, indent=2
+        )
+    )
+    plot(rows, capacity, args.out / "goodput.png")
+    plot(rows, capacity, benchmark_image("overload.png"))
+    body = (
+        f"Capacity (llmserve without admission, {args.clients} clients back to back, "
+        f"{args.capacity_duration:g} s): **{capacity:.1f} req/s**, "
+        f"e2e p50 {full_batch_p50:.2f} s at that batch. "
+        f"SLO: e2e <= **{slo_s:g} s** for completions of 16-96 prompt words and "
+        f"{args.max_tokens[0]}-{args.max_tokens[1]} tokens (greedy, ignore_eos). Open-loop Poisson "
+        f"arrivals for {args.duration:g} s per load, then {args.idle:g} s idle and a burst; client timeout "
+        f"{args.timeout:g} s. Goodput: requests answered within the SLO per second of arrivals "
+        f"(for the burst: per second of SLO).\n\n{report}"
+    )
+    command = f"make bench-overload  # python -m loadtest.goodput_bench {' '.join(argv or sys.argv[1:])}"
+    published = publish(
+        "overload",
+        "Goodput under overload: vllm serve vs llmserve",
+        command,
+        body,
+        images=(BENCHMARK_DOCS / "overload.png",),
+    )
+    print(f"wrote {args.out}/goodput.json, goodput.png and {published} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
