@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench loadtest check-config fuzz
+.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench loadtest check-config fuzz
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
@@ -26,10 +26,10 @@ help:
 	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
 	@echo "make fuzz    schema fuzzing of the real server, FUZZ_EXAMPLES=1000 cases per operation and mode"
 	@echo "make check-config CONFIG=configs/...  validate a profile, print vLLM's engine arguments"
+	@echo "make docker-test  build and run the CPU image for real (Docker engine, base from Debian packages)"
 
 $(VENV_STAMP): $(VENV_INPUTS)
 	scripts/setup-venv.sh $(VENV)
-	touch $@
 
 venv: $(VENV_STAMP)
 
@@ -42,7 +42,7 @@ serve: model
 # The whole suite in the dtype `auto` picks on this CPU, then the tests that assert what the model
 # says once more in the other dtype (bfloat16 on an AVX2-only CPU is emulated and slow: only those).
 test: model lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/integration $(PYTEST_ARGS)
 	LLMSERVE_TEST_DTYPE=other $(PY) -m pytest -m dtype_sensitive tests/integration $(PYTEST_ARGS)
 
 test-unit: venv
@@ -91,6 +91,15 @@ FUZZ_EXAMPLES ?= 1000
 FUZZ_SEED ?= random
 fuzz: model
 	LLMSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) LLMSERVE_FUZZ_SEED=$(FUZZ_SEED) $(PY) -m pytest tests/integration/test_fuzz_real_engine.py -s -p no:cacheprovider --timeout 7200
+
+# Builds and runs the CPU image for real: a Docker engine (started if none runs), a base image from
+# Debian's packages, the image (cold and after a source change), then tests/docker as a user and an
+# ops team would use it (README examples, probes, docker stop, compose with Prometheus).
+docker-test: venv
+	scripts/docker-engine.sh
+	scripts/docker-base.sh
+	scripts/docker-build.sh
+	$(PY) -m pytest tests/docker -p no:cacheprovider $(PYTEST_ARGS)
 
 check-config: venv
 	$(LLMSERVE) check-config --config $(CONFIG)

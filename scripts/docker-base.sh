@@ -23,6 +23,7 @@ if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
     chroot "$root" update-ca-certificates >/dev/null
 fi
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+chmod 755 "$root"  # the image's / (mktemp made it 0700: no one but root could reach /bin)
 tar -C "$root" -c . | docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
