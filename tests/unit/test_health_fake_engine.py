@@ -108,3 +108,15 @@ def test_an_engine_that_dies_ends_the_process_with_exit_code_1() -> None:
         assert fatal == [1]
         assert app.state.runtime.exit_code == 1
         assert client.get("/health").status_code == 503
+
+
+def test_the_startup_heap_is_frozen_while_serving_and_thawed_on_stop(fake_engine: FakeEngine) -> None:
+    """Generation-2 collections must not walk start-up's objects during serving (the p99 tail)."""
+    import gc
+
+    from tests.unit.conftest import make_client
+
+    with make_client(engine=fake_engine) as client:
+        assert client.get("/ready").status_code == 200
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
