@@ -14,13 +14,14 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench loadtest check-config fuzz
+.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench bench-spec loadtest check-config fuzz
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
 	@echo "make test    set up what is missing, run the whole test suite"
 	@echo "make lint    ruff + mypy (strict)"
 	@echo "make dashboard-png   (server running) key dashboard panels as a PNG + /metrics scrape cost"
+	@echo "make bench-spec  speculative decoding (ngram static/scheduled, suffix) vs plain vLLM, 1-64 streams"
 	@echo "make bench-overload  goodput under overload: vllm serve vs llmserve without and with SLO admission"
 	@echo "make bench   baseline vs vLLM vs vLLM+ngram, offline and online, ratios + PNG (BENCH_SCALE=0.5; 1 doubles every count)"
 	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
@@ -75,6 +76,9 @@ bench-overload: model
 
 # Starts its own engines and servers: the transformers baseline, vLLM, vLLM + ngram speculation.
 BENCH_SCALE ?= 0.5
+bench-spec: model
+	$(PY) -m loadtest.spec_bench --out results/spec
+
 bench: model
 	$(PY) -m loadtest.engine_bench --scale $(BENCH_SCALE) --out results/bench
 

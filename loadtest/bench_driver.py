@@ -45,6 +45,8 @@ class RunStats:
     e2e_p99_s: float
     ttft_p50_s: float
     ttft_p99_s: float
+    tpot_p50_s: float  # time per output token after the first: (e2e - TTFT) / (tokens - 1)
+    tpot_p99_s: float
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -62,6 +64,7 @@ def percentile(values: list[float], q: float) -> float:
 def summarise(workload: str, results: list[RequestResult], duration_s: float) -> RunStats:
     done = [r for r in results if r.ok]
     tokens = sum(r.output_tokens for r in done)
+    tpots = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     return RunStats(
         workload=workload,
         requests=len(results),
@@ -73,6 +76,8 @@ def summarise(workload: str, results: list[RequestResult], duration_s: float) ->
         e2e_p99_s=percentile([r.e2e_s for r in done], 99),
         ttft_p50_s=percentile([r.ttft_s for r in done], 50),
         ttft_p99_s=percentile([r.ttft_s for r in done], 99),
+        tpot_p50_s=percentile(tpots, 50),
+        tpot_p99_s=percentile(tpots, 99),
     )
 
 

@@ -11,7 +11,6 @@ runs in its own process (clean peak-memory figures); each online one is a real s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -28,7 +27,7 @@ import httpx
 import psutil
 
 from loadtest.bench_driver import RunStats, drive, engine_sender, http_sender
-from loadtest.report import BENCHMARK_DOCS, benchmark_image, machine_description, publish
+from loadtest.report import BENCHMARK_DOCS, benchmark_image, benchmark_parser, machine_description, publish
 from loadtest.server_process import REPO, start_server, tree_rss_bytes
 from loadtest.workload import Workload, offline_batch, poisson_arrivals, repetitive_text, shared_system_prompt
 
@@ -306,15 +305,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "bench")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every workload's request count")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    parser = benchmark_parser(__doc__, REPO / "results" / "bench", VARIANTS)
     parser.add_argument("--modes", default="offline,online")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         rows = asyncio.run(run_offline_worker(args.worker, args.scale, args.seed))

@@ -3,9 +3,11 @@ headed by the machine, its CPU and the dtype `auto` picks there, the date and th
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import platform
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -14,6 +16,17 @@ from llmserve.engine.dtype import cpu_has_native_bf16
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARK_DOCS = REPO / "docs" / "benchmarks"
+
+
+def benchmark_parser(doc: str | None, default_out: Path, variants: Iterable[str]) -> argparse.ArgumentParser:
+    """The flags every benchmark command shares (`--worker` is how it runs one engine per process)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every request count")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", default=",".join(variants), help="comma-separated subset")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    return parser
 
 
 def benchmark_image(name: str) -> Path:

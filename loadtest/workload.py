@@ -99,3 +99,27 @@ def shared_system_prompt(count: int, max_tokens: int, seed: int = 0) -> Workload
 
 def _log_uniform(rng: random.Random, low: int, high: int) -> int:
     return max(low, min(high, round(math.exp(rng.uniform(math.log(low), math.log(high))))))
+
+
+OPEN_ENDED_TASKS = (
+    "Write a short story about",
+    "Explain to a child why",
+    "Describe a day in the life of",
+    "Give advice to someone who worries that",
+    "Write a product description for",
+)
+
+
+def open_ended_text(count: int, concurrency: int, max_tokens: int, seed: int = 0) -> Workload:
+    """Ordinary generation: open-ended tasks whose answer is not in the prompt."""
+    rng = random.Random(seed)
+    shapes = tuple(
+        RequestShape(f"{rng.choice(OPEN_ENDED_TASKS)} {seeded_prompt(rng, 3, 8)}.\n", max_tokens)
+        for _ in range(count)
+    )
+    return Workload(
+        f"open-ended-c{concurrency}",
+        f"{count} open-ended requests, {concurrency} at a time, {max_tokens} tokens out",
+        shapes,
+        concurrency=concurrency,
+    )

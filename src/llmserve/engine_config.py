@@ -21,7 +21,7 @@ REMOVED_QUANTIZATION = {
     "(configs/gpu-llama3-8b-int8-w8a8.yaml)",
 }
 KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
-SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp"]
+SpeculativeMethod = Literal["ngram", "suffix", "draft_model", "eagle", "eagle3", "medusa", "mtp"]
 ExecutorBackend = Literal["mp", "ray", "uni"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 # The generation-config keys vLLM turns into request defaults (ModelConfig.get_diff_sampling_param).
@@ -35,6 +35,9 @@ GenerationDefaultKey = Literal[
     "frequency_penalty",
     "max_new_tokens",
 ]
+
+# [batch_from, batch_to, tokens]: a range of batch sizes and the tokens drafted there.
+BatchSchedule = tuple[int, int, int]
 
 # Methods whose proposer is a separate set of weights, named by `speculative.model`.
 SPECULATIVE_METHODS_WITH_MODEL = frozenset({"draft_model", "eagle", "eagle3", "medusa"})
@@ -57,6 +60,42 @@ class SpeculativeConfig(_Section):
     prompt_lookup_min: int | None = Field(default=None, ge=1, description="ngram: shortest match.")
     prompt_lookup_max: int | None = Field(default=None, ge=1, description="ngram: longest match.")
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    suffix_decoding_max_tree_depth: int | None = Field(
+        default=None, ge=1, description="suffix: depth of the prompt and response trees (vLLM: 24)."
+    )
+    suffix_decoding_max_cached_requests: int | None = Field(
+        default=None, ge=0, description="suffix: earlier responses kept to draft from (0: prompt only)."
+    )
+    suffix_decoding_max_spec_factor: float | None = Field(
+        default=None, ge=0, description="suffix: draft at most factor x matched length tokens."
+    )
+    suffix_decoding_min_token_prob: float | None = Field(
+        default=None, ge=0, le=1, description="suffix: draft only tokens at least this likely."
+    )
+    num_speculative_tokens_per_batch_size: list[BatchSchedule] | None = Field(
+        default=None,
+        description="[batch_from, batch_to, tokens] ranges: how many tokens to draft at each batch "
+        "size, 0 to stop speculating (vLLM's dynamic speculative decoding; ranges start at 1, "
+        "ascending, not overlapping; batch sizes past the last keep its value).",
+    )
+
+    @field_validator("num_speculative_tokens_per_batch_size")
+    @classmethod
+    def _schedule_covers_batches_from_1_in_order(cls, value: list[BatchSchedule] | None) -> object:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("the schedule needs at least one [batch_from, batch_to, tokens] range")
+        previous_end = 0
+        for start, end, tokens in value:
+            if not 0 < start <= end or tokens < 0:
+                raise ValueError(f"[{start}, {end}, {tokens}]: 0 < batch_from <= batch_to, tokens >= 0")
+            if start <= previous_end:
+                raise ValueError("ranges must ascend without overlapping")
+            previous_end = end
+        if value[0][0] != 1:
+            raise ValueError("the first range must start at batch size 1")
+        return value
 
     @model_validator(mode="after")
     def _method_matches_its_inputs(self) -> Self:
@@ -71,6 +110,22 @@ class SpeculativeConfig(_Section):
                 raise ValueError("speculative.prompt_lookup_min must not exceed prompt_lookup_max")
         elif self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
             raise ValueError(f"prompt_lookup_min/max only apply to ngram, not {self.method}")
+        suffix_keys = [key for key in type(self).model_fields if key.startswith("suffix_decoding_")]
+        if self.method != "suffix" and any(getattr(self, key) is not None for key in suffix_keys):
+            raise ValueError(f"suffix_decoding_* only apply to suffix, not {self.method}")
+        if self.method == "suffix" and self.num_speculative_tokens_per_batch_size is not None:
+            # vLLM's suffix proposer asserts every step drafts num_speculative_tokens; it already
+            # sizes each request's draft by how well the tree matches.
+            raise ValueError(
+                "suffix decoding adapts its draft length per request itself: remove "
+                "num_speculative_tokens_per_batch_size (vLLM's suffix proposer does not support it)"
+            )
+        for _, _, tokens in self.num_speculative_tokens_per_batch_size or []:
+            if tokens > self.num_speculative_tokens:
+                raise ValueError(
+                    f"the schedule drafts {tokens} tokens, more than num_speculative_tokens "
+                    f"({self.num_speculative_tokens})"
+                )
         return self
 
 

@@ -1,11 +1,13 @@
-"""Serving techniques proven on CPU with the real engine: ngram speculative decoding is lossless
-under greedy sampling and counts its acceptances in /metrics; prefix caching hits on a repeated
-system prompt; the CPU profiles pass vLLM's own engine-config validation."""
+"""Serving techniques proven on CPU with the real engine: speculative decoding (ngram with its
+batch-size schedule, suffix decoding) is lossless under greedy sampling, alone and in a busy batch,
+and counts its acceptances in /metrics; prefix caching hits on a repeated system prompt; the CPU
+profiles pass vLLM's own engine-config validation."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,8 @@ from loadtest.server_process import ServerProcess
 from tests.integration.conftest import MODEL, running_server
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC_PROFILE = "configs/cpu-smollm2-spec-ngram.yaml"
+# ngram with its batch-size schedule, and suffix decoding.
+SPEC_PROFILES = ["configs/cpu-smollm2-spec-ngram.yaml", "configs/cpu-smollm2-spec-suffix.yaml"]
 # Repetitive prompts (what ngram speculation is for) and ordinary ones.
 PROMPTS = [
     "Repeat this list exactly: apple, banana, cherry, apple, banana, cherry, apple, banana, cherry,",
@@ -28,12 +31,14 @@ PROMPTS = [
 CHAT = [{"role": "user", "content": "Say the word 'hello' five times, separated by commas."}]
 
 
-@pytest.fixture(scope="module")
-def spec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """In float32, where greedy output is the same whatever the batch (speculation verifies several
-    tokens in one step; in bfloat16 that alone can flip near-ties)."""
-    args = ("--config", SPEC_PROFILE, "--set", "engine.dtype=float32")
-    with running_server(tmp_path_factory, "spec", *args) as process:
+@pytest.fixture(scope="module", params=SPEC_PROFILES, ids=lambda profile: Path(profile).stem)
+def spec_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """Each speculative profile, in float32, where greedy output is the same whatever the batch
+    (speculation verifies several tokens in one step; in bfloat16 that alone can flip near-ties)."""
+    args = ("--config", request.param, "--set", "engine.dtype=float32")
+    with running_server(tmp_path_factory, Path(request.param).stem, *args) as process:
         yield process
 
 
@@ -51,7 +56,7 @@ def greedy_chat(server: ServerProcess) -> str:
     return str(response.json()["choices"][0]["message"]["content"])
 
 
-def test_ngram_speculation_is_lossless_under_greedy_sampling(
+def test_speculation_is_lossless_under_greedy_sampling(
     fp32_server: ServerProcess, spec_server: ServerProcess
 ) -> None:
     for prompt in PROMPTS:
@@ -59,7 +64,18 @@ def test_ngram_speculation_is_lossless_under_greedy_sampling(
     assert greedy_chat(spec_server) == greedy_chat(fp32_server)
 
 
-def test_ngram_acceptance_counters_are_in_metrics(spec_server: ServerProcess) -> None:
+def test_speculation_stays_lossless_as_the_batch_grows_past_the_schedules_steps(
+    fp32_server: ServerProcess, spec_server: ServerProcess
+) -> None:
+    """24 at once: the ngram schedule drafts fewer tokens (then none) as the batch grows."""
+    prompts = PROMPTS * 4
+    expected = {prompt: greedy_completion(fp32_server, prompt) for prompt in PROMPTS}
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        answers = list(pool.map(lambda prompt: greedy_completion(spec_server, prompt), prompts))
+    assert answers == [expected[prompt] for prompt in prompts]
+
+
+def test_acceptance_counters_are_in_metrics(spec_server: ServerProcess) -> None:
     before = spec_server.scrape()
     greedy_completion(spec_server, PROMPTS[0])
     after = spec_server.scrape()
@@ -74,7 +90,7 @@ def test_ngram_acceptance_counters_are_in_metrics(spec_server: ServerProcess) ->
     )
     assert drafts > 0
     assert 0 < accepted <= drafted
-    print(f"\nngram on a repetitive prompt: {accepted:.0f}/{drafted:.0f} drafted tokens accepted")
+    print(f"\non a repetitive prompt: {accepted:.0f}/{drafted:.0f} drafted tokens accepted")
 
 
 def test_a_repeated_system_prompt_hits_the_prefix_cache(server: ServerProcess) -> None:
@@ -90,7 +106,9 @@ def test_a_repeated_system_prompt_hits_the_prefix_cache(server: ServerProcess) -
     assert server.metric("vllm:prefix_cache_hits_total") - hits_before >= 256
 
 
-@pytest.mark.parametrize("profile", ["cpu-smollm2.yaml", "cpu-smollm2-spec-ngram.yaml"])
+@pytest.mark.parametrize(
+    "profile", ["cpu-smollm2.yaml", "cpu-smollm2-spec-ngram.yaml", "cpu-smollm2-spec-suffix.yaml"]
+)
 def test_cpu_profiles_pass_vllms_own_engine_config_validation(profile: str) -> None:
     from llmserve.config import load_config
     from llmserve.engine.vllm_engine import apply_process_environment, build_engine_args
@@ -108,5 +126,8 @@ def test_cpu_profiles_pass_vllms_own_engine_config_validation(profile: str) -> N
         assert vllm_config.speculative_config is None
     else:
         assert vllm_config.speculative_config is not None
-        assert vllm_config.speculative_config.method == "ngram"
-        assert vllm_config.speculative_config.num_speculative_tokens == 4
+        spec, ours = vllm_config.speculative_config, config.engine.speculative
+        assert spec.method == ours.method
+        assert spec.num_speculative_tokens == ours.num_speculative_tokens
+        schedule = ours.num_speculative_tokens_per_batch_size
+        assert spec.num_speculative_tokens_per_batch_size == (schedule and [tuple(r) for r in schedule])

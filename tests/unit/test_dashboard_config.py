@@ -65,6 +65,8 @@ def test_dashboard_has_the_panels_an_slo_needs() -> None:
         "Speculative decoding acceptance",
     ):
         assert wanted in titles
+    speculation = next(p for p in DASHBOARD["panels"] if p["title"] == "Speculative decoding acceptance")
+    assert {t["legendFormat"] for t in speculation["targets"]} == {"acceptance rate", "mean accepted length"}
     latency = next(p for p in DASHBOARD["panels"] if p["title"].startswith("End-to-end latency"))
     steps = latency["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert any(step["value"] == 0.2 for step in steps), "the 200 ms SLO line"

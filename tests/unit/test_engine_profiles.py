@@ -122,14 +122,55 @@ def test_profile_literals_are_values_vllm_accepts() -> None:
     assert values(Quantization) <= set(QUANTIZATION_METHODS)
 
 
-def test_ngram_speculation_maps_to_vllms_speculative_config() -> None:
+def test_ngram_speculation_maps_to_vllms_speculative_config_with_its_batch_size_schedule() -> None:
     config = load_config(REPO / "configs" / "cpu-smollm2-spec-ngram.yaml").engine
-    assert engine_arguments(config, "m")["speculative_config"] == {
+    arguments = engine_arguments(config, "m")["speculative_config"]
+    schedule = arguments.pop("num_speculative_tokens_per_batch_size")
+    assert arguments == {
         "method": "ngram",
-        "num_speculative_tokens": 4,
+        "num_speculative_tokens": 8,
         "prompt_lookup_min": 2,
         "prompt_lookup_max": 4,
     }
+    assert schedule[0][0] == 1, "the schedule starts at a batch of one"
+    assert schedule[-1][1] >= config.max_num_seqs, "and covers every batch the engine can run"
+    assert [tokens for *_, tokens in schedule] == sorted((t for *_, t in schedule), reverse=True), (
+        "fewer drafted tokens as the batch grows"
+    )
+
+
+def test_suffix_decoding_maps_to_vllms_speculative_config() -> None:
+    config = load_config(REPO / "configs" / "cpu-smollm2-spec-suffix.yaml").engine
+    assert engine_arguments(config, "m")["speculative_config"] == {
+        "method": "suffix",
+        "num_speculative_tokens": 8,
+        "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_spec_factor": 1.0,
+        "suffix_decoding_min_token_prob": 0.1,
+    }
+
+
+def test_suffix_decoding_without_its_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "arctic_inference" else real_find_spec(name, *a),
+    )
+    config = load_config(REPO / "configs" / "cpu-smollm2-spec-suffix.yaml").engine
+    with pytest.raises(ModelFitError, match="arctic-inference"):
+        check_model_fit(config)
+
+
+def ngram(**speculative: Any) -> dict[str, Any]:
+    return {
+        "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, **speculative}
+    }
+
+
+SCHEDULE = "num_speculative_tokens_per_batch_size"
 
 
 @pytest.mark.parametrize(
@@ -166,6 +207,28 @@ def test_ngram_speculation_maps_to_vllms_speculative_config() -> None:
         ),
         ({"speculative": {"method": "ngram", "prompt_lookup_max": 4}}, "num_speculative_tokens"),
         ({"speculative": {"method": "lookahead", "num_speculative_tokens": 2}}, "engine.speculative.method"),
+        (ngram(**{SCHEDULE: []}), "at least one"),
+        (ngram(**{SCHEDULE: [[2, 8, 4]]}), "must start at batch size 1"),
+        (ngram(**{SCHEDULE: [[1, 8, 4], [8, 16, 2]]}), "without overlapping"),
+        (ngram(**{SCHEDULE: [[1, 8, 4], [4, 2, 2]]}), "0 < batch_from <= batch_to"),
+        (ngram(**{SCHEDULE: [[1, 8, -1]]}), "tokens >= 0"),
+        (ngram(**{SCHEDULE: [[1, 8, 6]]}), "more than num_speculative_tokens"),
+        (ngram(**{SCHEDULE: [[1, 8]]}), SCHEDULE),
+        (
+            {"speculative": {"method": "suffix", "num_speculative_tokens": 8, SCHEDULE: [[1, 8, 4]]}},
+            "adapts its draft length",
+        ),
+        (ngram(suffix_decoding_max_tree_depth=8), "only apply to suffix"),
+        (
+            {
+                "speculative": {
+                    "method": "suffix",
+                    "num_speculative_tokens": 8,
+                    "suffix_decoding_min_token_prob": 1.5,
+                }
+            },
+            "suffix_decoding_min_token_prob",
+        ),
         ({"max_num_batched_tokens": 32, "max_num_seqs": 64}, "at least max_num_seqs"),
         (
             {"max_num_batched_tokens": 1024, "enable_chunked_prefill": False, "max_model_len": 2048},

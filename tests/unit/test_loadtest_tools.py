@@ -97,3 +97,35 @@ def test_bench_statistics_and_ratios_come_from_the_same_run() -> None:
     assert derived["gateway_overhead"][0]["online_over_offline_tok_s"] == pytest.approx(0.9)
     assert derived["gateway_overhead"][0]["added_p50_ms"] == pytest.approx(20)
     assert derived["speculation"][0]["speedup_tok_s"] == 0.5
+
+
+def test_the_spec_bench_schedules_the_best_token_count_that_never_costs() -> None:
+    from loadtest.spec_bench import CONCURRENCY, add_ratios, derive_schedule
+
+    # Output tok/s relative to plain (100) per concurrency, for (repetitive, open-ended).
+    measured = {
+        "ngram-k2": {1: (190, 105), 2: (180, 100), 4: (120, 99), 8: (99, 97)},
+        "ngram-k4": {1: (240, 104), 2: (200, 99), 4: (130, 90), 8: (90, 80)},
+        "ngram-k8": {1: (290, 103), 2: (210, 96), 4: (140, 85), 8: (80, 70)},
+    }
+    rows = []
+    for variant, by_concurrency in [("plain", {}), *measured.items()]:
+        for concurrency in CONCURRENCY:
+            repetitive, open_ended = by_concurrency.get(
+                concurrency, (100, 100) if variant == "plain" else (60, 60)
+            )
+            for workload, tok_s in (("repetitive", repetitive), ("open-ended", open_ended)):
+                rows.append(
+                    {
+                        "variant": variant,
+                        "workload": workload,
+                        "concurrency": concurrency,
+                        "output_tokens_per_s": tok_s,
+                        "tpot_p50_s": 0.01,
+                        "tpot_p99_s": 0.02,
+                    }
+                )
+    add_ratios(rows)
+    # c=1: k8 is fastest and harmless; c=2: k8 costs open-ended text (0.96 < 0.98), k4 wins;
+    # c=4: only k2 stays above the line; from c=8 on nothing does.
+    assert derive_schedule(rows) == [[1, 1, 8], [2, 2, 4], [3, 4, 2], [5, 64, 0]]

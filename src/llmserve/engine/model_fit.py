@@ -6,6 +6,7 @@ shards; an ops team wants "tensor_parallel_size 3 does not divide the 32 attenti
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,9 +70,19 @@ def model_fit_problems(config: EngineConfig, architecture: Mapping[str, Any]) ->
 
 def check_model_fit(config: EngineConfig) -> None:
     """Raise ModelFitError naming every mismatch; a model without config.json is not checked here."""
+    if config.speculative is not None and config.speculative.method == "suffix":
+        check_suffix_decoding_installed()
     architecture = read_model_architecture(config.model)
     if architecture is None:
         return
     problems = model_fit_problems(config, architecture)
     if problems:
         raise ModelFitError(f"engine config does not fit the model at {config.model}: " + "; ".join(problems))
+
+
+def check_suffix_decoding_installed() -> None:
+    if importlib.util.find_spec("arctic_inference") is None:
+        raise ModelFitError(
+            "speculative method suffix needs Snowflake's arctic-inference package, which is not "
+            "installed: `make venv` (scripts/setup-venv.sh) builds it against the venv's torch"
+        )
