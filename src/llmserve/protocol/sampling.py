@@ -44,7 +44,8 @@ class SamplingFields(OpenAIBaseModel):
     n: Annotated[int, Field(ge=1, le=MAX_N), INTEGRAL] = 1
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
+    # Bounded: vLLM ships requests to its engine core with msgpack, which refuses ints past 64 bits.
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1), INTEGRAL] | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
