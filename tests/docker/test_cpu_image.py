@@ -12,10 +12,12 @@ import time
 import httpx
 import openai
 from tests.docker.conftest import Container, docker, run_container
+from tests.streams import StreamReader
 
 MODEL = "SmolLM2-135M-Instruct"
 SHUTDOWN_TIMEOUT_S = 10
 ENGINE_CORE = "VLLM::EngineCore"
+COUNTING = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 
 
 def test_the_image_runs_as_10001_with_no_compilers_and_no_secrets(image: str) -> None:
@@ -121,28 +123,12 @@ def test_metrics_answer_with_both_families(serving: Container) -> None:
     assert "vllm:num_requests_running" in metrics.text
 
 
-class Stream(threading.Thread):
-    def __init__(self, url: str, max_tokens: int) -> None:
-        super().__init__(daemon=True)
-        self.url, self.max_tokens = url, max_tokens
-        self.events: list[str] = []
-        self.started = threading.Event()
-
-    def run(self) -> None:
-        body = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": self.max_tokens, "ignore_eos": True,
-                "temperature": 0, "stream": True}  # fmt: skip
-        with httpx.stream("POST", f"{self.url}/v1/completions", json=body, timeout=120) as response:
-            for line in response.iter_lines():
-                if line:
-                    self.events.append(line.removeprefix("data: "))
-                    self.started.set()
-
-
 def test_docker_stop_drains_in_flight_streams_and_exits_0(container_factory: list[Container]) -> None:
     container = run_container("-e", f"LLMSERVE_SERVER__SHUTDOWN_TIMEOUT_S={SHUTDOWN_TIMEOUT_S}")
     container_factory.append(container)
     container.wait_ready()
-    short, long = Stream(container.base_url, 12), Stream(container.base_url, 1500)
+    url = f"{container.base_url}/v1/completions"
+    short, long = StreamReader(url, {**COUNTING, "max_tokens": 12}), StreamReader(url, COUNTING)
     for stream in (short, long):
         stream.start()
         assert stream.started.wait(60)

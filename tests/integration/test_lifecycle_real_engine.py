@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from loadtest.server_process import ServerProcess, start_server
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S, eventually
 from tests.integration.test_metrics_real_engine import wait_idle
+from tests.streams import StreamReader
 
 LONG = {"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 
@@ -39,23 +39,6 @@ def test_stream_timeout_sends_an_sse_error_then_done(server: ServerProcess) -> N
     assert json.loads(events[-2])["error"]["code"] == "request_timeout"
     assert len(events) > 3
     wait_idle(server, timeout_s=5)
-
-
-class StreamReader(threading.Thread):
-    def __init__(self, url: str, body: dict[str, object], key: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.body = url, body
-        self.headers = {"Authorization": f"Bearer {key}"}
-        self.events: list[str] = []
-        self.first_event = threading.Event()
-
-    def run(self) -> None:
-        body = {**self.body, "stream": True}
-        with httpx.stream("POST", self.url, json=body, headers=self.headers, timeout=120) as response:
-            for line in response.iter_lines():
-                if line:
-                    self.events.append(line.removeprefix("data: "))
-                    self.first_event.set()
 
 
 KEYS = {"rate": "sk-rate-limited", "drain": "sk-drain"}
@@ -116,11 +99,12 @@ def test_api_keys_and_per_key_token_and_request_limits(drain_server: ServerProce
 
 def test_sigterm_drains_in_flight_streams_refuses_new_work_and_exits_0(drain_server: ServerProcess) -> None:
     url = f"{drain_server.base_url}/v1/completions"
-    short = StreamReader(url, {**LONG, "max_tokens": 12}, KEYS["drain"])
-    long = StreamReader(url, LONG, KEYS["drain"])  # outlives the 15 s deadline
+    drain_key = {"Authorization": f"Bearer {KEYS['drain']}"}
+    short = StreamReader(url, {**LONG, "max_tokens": 12}, drain_key)
+    long = StreamReader(url, LONG, drain_key)  # outlives the 15 s deadline
     for reader in (short, long):
         reader.start()
-        assert reader.first_event.wait(60)
+        assert reader.started.wait(60)
     drain_server.process.send_signal(signal.SIGTERM)
     ready = f"{drain_server.base_url}/ready"
     assert eventually(lambda: httpx.get(ready).status_code == 503, timeout_s=5), "out of the load balancer"

@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from loadtest.server_process import ServerProcess, start_server, still_running
 
 from tests.integration.conftest import MODEL, READY_TIMEOUT_S, eventually
+from tests.streams import StreamReader
 
 SHUTDOWN_TIMEOUT_S = 6
 LONG = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
@@ -40,22 +39,6 @@ def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
         process.stop()
 
 
-class Stream(threading.Thread):
-    def __init__(self, url: str, max_tokens: int) -> None:
-        super().__init__(daemon=True)
-        self.url, self.max_tokens = url, max_tokens
-        self.events: list[str] = []
-        self.started = threading.Event()
-
-    def run(self) -> None:
-        body = {**LONG, "max_tokens": self.max_tokens, "stream": True}
-        with httpx.stream("POST", self.url, json=body, timeout=120) as response:
-            for line in response.iter_lines():
-                if line:
-                    self.events.append(line.removeprefix("data: "))
-                    self.started.set()
-
-
 def test_sigterm_to_the_whole_process_group_while_busy_drains_and_leaves_nothing(
     fresh_server: ServerProcess,
 ) -> None:
@@ -63,7 +46,7 @@ def test_sigterm_to_the_whole_process_group_while_busy_drains_and_leaves_nothing
     vLLM's engine processes live in a process group of their own, so the server drains as if it
     alone had been signalled, then stops the engine itself."""
     url = f"{fresh_server.base_url}/v1/completions"
-    short, long = Stream(url, max_tokens=8), Stream(url, max_tokens=1500)
+    short, long = StreamReader(url, {**LONG, "max_tokens": 8}), StreamReader(url, LONG)
     for stream in (short, long):
         stream.start()
         assert stream.started.wait(60)

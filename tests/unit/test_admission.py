@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from loadtest.prom import Scrape
 
 from llmserve.app import create_app
@@ -267,26 +270,34 @@ async def test_a_lower_priority_number_is_served_first() -> None:
     assert order == ["sooner", "later"]
 
 
-async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
+@asynccontextmanager
+async def ready_client(
+    token_delay_s: float, *settings: str
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app over FakeEngine with these settings, started and ready, and a client of it."""
     engine = FakeEngine()
-    engine.token_delay_s = 0.05
-    overrides = parse_overrides(
-        ["admission.max_in_flight=1", "admission.max_waiting=1", "admission.queue_timeout_s=30"]
-    )
+    engine.token_delay_s = token_delay_s
+    overrides = parse_overrides(list(settings))
     app = create_app(load_config(None, overrides), engine_starter=fake_starter(engine), on_fatal=lambda: None)
     async with app.router.lifespan_context(app):
         while not app.state.runtime.is_ready:  # noqa: ASYNC110 - the runtime owns this flag
             await asyncio.sleep(0.01)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
-            body = {"model": MODEL, "prompt": "a", "max_tokens": 10}
-            responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(4)))
-            statuses = sorted(r.status_code for r in responses)
-            assert statuses == [200, 200, 429, 429]
-            refused = next(r for r in responses if r.status_code == 429)
-            assert refused.json()["error"]["code"] == "overloaded"
-            assert int(refused.headers["retry-after"]) >= 1
-            metrics = Scrape.parse((await client.get("/metrics")).text)
+            yield app, client
+
+
+async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
+    settings = ("admission.max_in_flight=1", "admission.max_waiting=1", "admission.queue_timeout_s=30")
+    async with ready_client(0.05, *settings) as (app, client):
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 10}
+        responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(4)))
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses == [200, 200, 429, 429]
+        refused = next(r for r in responses if r.status_code == 429)
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert int(refused.headers["retry-after"]) >= 1
+        metrics = Scrape.parse((await client.get("/metrics")).text)
     assert metrics.value("llmserve_rejections_total", reason="overloaded") == 2
     assert metrics.value("llmserve_queue_wait_seconds_count") == 2
     assert metrics.value("llmserve_rejection_latency_seconds_count") == 2
@@ -294,29 +305,20 @@ async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
 
 
 async def test_a_client_that_waits_its_retry_after_is_then_served() -> None:
-    engine = FakeEngine()
-    engine.token_delay_s = 0.02
-    overrides = parse_overrides(
-        ["admission.max_in_flight=2", "admission.max_waiting=2", "admission.queue_timeout_s=1"]
-    )
-    app = create_app(load_config(None, overrides), engine_starter=fake_starter(engine), on_fatal=lambda: None)
-    async with app.router.lifespan_context(app):
-        while not app.state.runtime.is_ready:  # noqa: ASYNC110 - the runtime owns this flag
-            await asyncio.sleep(0.01)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
-            body = {"model": MODEL, "prompt": "a", "max_tokens": 20}
+    settings = ("admission.max_in_flight=2", "admission.max_waiting=2", "admission.queue_timeout_s=1")
+    async with ready_client(0.02, *settings) as (_, client):
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 20}
 
-            async def until_served() -> tuple[int, int]:
-                """(attempts, final status), each retry after the Retry-After it was given."""
-                for attempt in range(1, 4):
-                    response = await client.post("/v1/completions", json=body)
-                    if response.status_code != 429:
-                        return attempt, response.status_code
-                    await asyncio.sleep(int(response.headers["retry-after"]))
-                return attempt, response.status_code
+        async def until_served() -> tuple[int, int]:
+            """(attempts, final status), each retry after the Retry-After it was given."""
+            for attempt in range(1, 4):
+                response = await client.post("/v1/completions", json=body)
+                if response.status_code != 429:
+                    return attempt, response.status_code
+                await asyncio.sleep(int(response.headers["retry-after"]))
+            return attempt, response.status_code
 
-            results = await asyncio.gather(*(until_served() for _ in range(10)))
+        results = await asyncio.gather(*(until_served() for _ in range(10)))
     assert all(status == 200 for _, status in results), results
     retried = [attempts for attempts, _ in results if attempts > 1]
     assert retried, "the burst of 10 at 2 running + 2 waiting places was partly refused"
