@@ -28,26 +28,57 @@ fi
 build() {  # build <tag> <log> <docker build arguments...>
     local tag=$1 log=$2 started=$SECONDS
     shift 2
-    if ! docker build -t "$tag" "$@" >"$log" 2>&1; then
+    if ! docker build --force-rm -t "$tag" "$@" >"$log" 2>&1; then
         tail -n 40 "$log" >&2
-        echo "docker-build: building $tag failed (log: $log)" >&2
+        echo "docker-build: building $tag failed (log: $log); $(free_gb) GB free for Docker" >&2
         exit 1
     fi
     echo $((SECONDS - started))
 }
-
-cold_log=/tmp/llmserve-docker-build.log
-previous=$(docker image inspect "$image" --format '{{.Id}}' 2>/dev/null || true)
-seconds=$(build "$image" "$cold_log" "${args[@]}" -f docker/Dockerfile.cpu .)
-# The image it replaces, without touching the layers the next build takes from the cache (the
-# vfs storage driver stores every layer as a full copy: ~3 GB each).
-current=$(docker image inspect "$image" --format '{{.Id}}')
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-    docker image rm "$previous" >/dev/null 2>&1 || true
+docker_root=$(docker info --format '{{.DockerRootDir}}')
+free_gb() { df --output=avail -BG "$docker_root" | tail -n 1 | tr -dc 0-9; }
+# The vfs storage driver stores every layer and every container as a full copy (~3 GB each once
+# the venv is in). Measured with vfs: a cold build keeps ~17 GB (the image and its build stage, the
+# next build's cache) and the check after a source change takes ~16 GB more while it runs; with
+# the build stage cached from an earlier run, only the second part.
+driver=$(docker info --format '{{.Driver}}')
+if [ "$driver" != vfs ]; then default_need=10  # layers share files: the venv is stored once
+elif docker image inspect "$image-build" >/dev/null 2>&1; then default_need=20
+else default_need=36; fi
+needed_gb=${LLMSERVE_DOCKER_NEEDED_GB:-$default_need}
+if [ "$(free_gb)" -lt "$needed_gb" ]; then
+    docker system df >&2 || true
+    echo "docker-build: $(free_gb) GB free in $docker_root, and a build needs ~$needed_gb GB with the" \
+        "$driver storage driver: free some (docker image prune) and run again" >&2
+    exit 1
 fi
+# Images and build stages of earlier runs, untagged once a newer build took their tag, and what an
+# interrupted run left. Removed after the new build (not before: the layers they share with it are
+# its cache), with every layer only they use.
+ours() {
+    docker history --no-trunc --format '{{.CreatedBy}}' "$1" 2>/dev/null \
+        | grep -qE 'setup-venv.sh /opt/llmserve/venv|image.title=.?llmserve \(CPU\)'
+}
+stale=()
+for id in $(docker images --filter dangling=true --quiet --no-trunc); do
+    if ours "$id"; then stale+=("$id"); fi
+done
+if docker image inspect "$image-warm-check" >/dev/null 2>&1; then stale+=("$image-warm-check"); fi
+previous=$(docker image inspect "$image" --format '{{.Id}}' 2>/dev/null || true)
+
+# The build stage tagged ($image-build) so that it stays as the cache of the next build.
+cold_log=/tmp/llmserve-docker-build.log
+seconds=$(build "$image-build" "$cold_log-stage" "${args[@]}" --target build -f docker/Dockerfile.cpu .)
+seconds=$((seconds + $(build "$image" "$cold_log" "${args[@]}" -f docker/Dockerfile.cpu .)))
+current=$(docker image inspect "$image" --format '{{.Id}}')
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then stale+=("$previous"); fi
+for id in "${stale[@]}"; do
+    docker ps --all --quiet --filter "ancestor=$id" | xargs -r docker rm --force >/dev/null 2>&1 || true
+    docker image rm "$id" >/dev/null 2>&1 || true
+done
 context=$(grep -o 'Sending build context to Docker daemon *[0-9.]*[kMG]*B' "$cold_log" | awk '{print $NF}' || true)
 size=$(docker image inspect "$image" --format '{{.Size}}' | numfmt --to=iec)
-echo "docker-build: $image in ${seconds} s ($([ -n "$previous" ] && echo 'layers cached from an earlier build' || echo cold)); image $size; build context ${context:-?}"
+echo "docker-build: $image in ${seconds} s ($([ -n "$previous" ] && echo 'layers cached from an earlier build' || echo cold)); image $size; build context ${context:-?}; ${#stale[@]} stale image(s) removed; $(free_gb) GB free for Docker"
 
 # A source change: the dependency layer must come from the cache.
 context_dir=$(mktemp -d /tmp/llmserve-context.XXXXXX)
@@ -65,7 +96,7 @@ if ! grep -A2 'scripts/setup-venv.sh /opt/llmserve/venv' "$warm_log" | grep -q '
     echo "docker-build: a source change rebuilt the dependency layer (log: $warm_log)" >&2
     exit 1
 fi
-echo "docker-build: after a source change, ${seconds} s (the dependency layer came from the cache)"
+echo "docker-build: after a source change, ${seconds} s (the dependency layer came from the cache); $(free_gb) GB free for Docker"
 
 seconds=$(build llmserve-local/prometheus:debian /tmp/llmserve-docker-prometheus.log --network host \
     --build-arg "BASE_IMAGE=$base" -f docker/prometheus/Dockerfile.debian docker/prometheus)

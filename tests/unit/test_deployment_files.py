@@ -218,7 +218,7 @@ def test_the_cpu_image_builds_with_the_commands_make_serve_runs() -> None:
     assert re.search(r"^serve: model$", makefile, flags=re.M), "make serve prepares the model first"
     assert re.search(r"&& make model VENV=", dockerfile), "the image runs the same target"
     build = dockerfile.split("AS runtime", 1)[0]
-    assert build.index("scripts/setup-venv.sh /opt/llmserve/venv") < build.index("COPY src src"), (
+    assert build.index("scripts/setup-venv.sh /opt/llmserve/venv") < build.index("COPY . ."), (
         "dependencies are a layer of their own, before the sources: a source change does not rebuild it"
     )
     assert '"/usr/bin/tini", "--"' in dockerfile, "PID 1 forwards signals and reaps children"
