@@ -24,6 +24,7 @@ KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5
 SpeculativeMethod = Literal["ngram", "suffix", "draft_model", "eagle", "eagle3", "medusa", "mtp"]
 ExecutorBackend = Literal["mp", "ray", "uni"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
+SimulatedGpuName = Literal["H200", "H100", "A100-80GB", "L4"]  # engine/step_time.py:GPUS
 # The generation-config keys vLLM turns into request defaults (ModelConfig.get_diff_sampling_param).
 GenerationDefaultKey = Literal[
     "temperature",
@@ -129,6 +130,22 @@ class SpeculativeConfig(_Section):
         return self
 
 
+class SimulatedGpuConfig(_Section):
+    """A SIMULATION, for measuring the server at GPU rates without a GPU: vLLM runs for real but
+    the forward pass is replaced by the time a roofline model of `gpu` gives for each step, and
+    token ids are not a model's (docs/simulated-gpu.md). Never the default."""
+
+    gpu: SimulatedGpuName = "H200"
+    step_overhead_ms: float = Field(
+        default=1.5, ge=0, description="Fixed cost of a step (launches, sampling): an assumption."
+    )
+    bandwidth_efficiency: float = Field(default=0.8, gt=0, le=1, description="Share of peak HBM bandwidth.")
+    compute_efficiency: float = Field(default=0.5, gt=0, le=1, description="Share of peak dense BF16.")
+    activation_reserve_gib: float = Field(
+        default=2.0, ge=0, description="GPU memory kept from the KV cache for activations."
+    )
+
+
 class EngineConfig(_Section):
     backend: Literal["vllm", "transformers"] = Field(
         default="vllm", description="transformers: the static-batching baseline, for benchmarks only."
@@ -179,6 +196,9 @@ class EngineConfig(_Section):
         default=None, gt=0, description="Host memory that evicted KV blocks spill to (vLLM V1's swap)."
     )
     speculative: SpeculativeConfig | None = None
+    simulated_gpu: SimulatedGpuConfig | None = Field(
+        default=None, description="A SIMULATION: vLLM with the forward pass replaced by a GPU's step time."
+    )
     cpu_omp_threads_bind: str = Field(
         default="auto", min_length=1, description="VLLM_CPU_OMP_THREADS_BIND: cores for model threads."
     )
@@ -234,6 +254,14 @@ def _impossible_combinations(config: EngineConfig) -> list[str]:
         problems.append(
             "speculative.draft_tensor_parallel_size must be 1 or the model's tensor_parallel_size"
         )
+    simulated = config.simulated_gpu is not None
+    if simulated and (config.speculative is not None or config.world_size > 1 or config.quantization):
+        problems.append(
+            "simulated_gpu models one GPU running an unquantized model: no speculation, "
+            "parallelism or quantization"
+        )
+    if simulated and (config.backend != "vllm" or config.distributed_executor_backend is not None):
+        problems.append("simulated_gpu is vLLM's executor: backend vllm, distributed_executor_backend unset")
     baseline_extras = config.speculative is not None or config.world_size > 1 or config.quantization
     if config.backend == "transformers" and baseline_extras:
         problems.append(

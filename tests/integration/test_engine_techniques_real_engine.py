@@ -107,7 +107,13 @@ def test_a_repeated_system_prompt_hits_the_prefix_cache(server: ServerProcess) -
 
 
 @pytest.mark.parametrize(
-    "profile", ["cpu-smollm2.yaml", "cpu-smollm2-spec-ngram.yaml", "cpu-smollm2-spec-suffix.yaml"]
+    "profile",
+    [
+        "cpu-smollm2.yaml",
+        "cpu-smollm2-spec-ngram.yaml",
+        "cpu-smollm2-spec-suffix.yaml",
+        "sim-h200-smollm2.yaml",
+    ],
 )
 def test_cpu_profiles_pass_vllms_own_engine_config_validation(profile: str) -> None:
     from llmserve.config import load_config

@@ -25,6 +25,7 @@ from llmserve.engine.dtype import resolve_dtype
 from llmserve.engine.hf_text import HfTextEngine, TextCodec
 from llmserve.engine.model_fit import check_model_fit
 from llmserve.engine.model_store import check_model_dir
+from llmserve.engine.step_time import CONFIG_KEY, EXECUTOR_CLASS
 from llmserve.engine_config import EngineConfig, SpeculativeConfig
 from llmserve.errors import EngineDeadError, EngineFailedError, EngineRefusedError
 
@@ -40,6 +41,7 @@ GIB = 1 << 30
 
 def engine_arguments(config: EngineConfig, served_model_name: str) -> dict[str, Any]:
     """The one place where our engine config becomes vLLM's engine arguments (as keywords)."""
+    simulated = config.simulated_gpu
     return {
         "model": str(config.model),
         "tokenizer": str(config.tokenizer) if config.tokenizer else None,
@@ -60,7 +62,8 @@ def engine_arguments(config: EngineConfig, served_model_name: str) -> dict[str, 
         "tensor_parallel_size": config.tensor_parallel_size,
         "pipeline_parallel_size": config.pipeline_parallel_size,
         "data_parallel_size": config.data_parallel_size,
-        "distributed_executor_backend": config.distributed_executor_backend,
+        "distributed_executor_backend": EXECUTOR_CLASS if simulated else config.distributed_executor_backend,
+        "additional_config": {CONFIG_KEY: simulated.model_dump()} if simulated else {},
         "kv_cache_dtype": config.kv_cache_dtype,
         "block_size": config.block_size,
         "gpu_memory_utilization": config.gpu_memory_utilization,
