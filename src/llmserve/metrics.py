@@ -53,6 +53,7 @@ class GatewayMetrics:
     def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
         self.model = model
         self.registry = registry or CollectorRegistry()
+        self._route_series: dict[str, RouteSeries] = {}
         labels = ["model", "route"]
         self.requests = Counter(
             "llmserve_requests_total",
@@ -184,6 +185,35 @@ class GatewayMetrics:
     def observation(self, path: str) -> RequestObservation:
         return RequestObservation(self, route_label(path))
 
+    def route_series(self, route: str) -> RouteSeries:
+        """The series every request of a route touches, looked up once per route (a `labels()`
+        call takes a lock and a dict lookup: too much for every token)."""
+        series = self._route_series.get(route)
+        if series is None:
+            labels = (self.model, route)
+            series = RouteSeries(
+                ttft=self.ttft.labels(*labels),
+                inter_token=self.inter_token.labels(*labels),
+                generation_tokens=self.generation_tokens.labels(*labels),
+                prompt_tokens=self.prompt_tokens.labels(*labels),
+                queue_wait=self.queue_wait.labels(*labels),
+                e2e_latency=self.e2e_latency.labels(*labels),
+                time_per_output_token=self.time_per_output_token.labels(*labels),
+            )
+            self._route_series[route] = series
+        return series
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSeries:
+    ttft: Histogram
+    inter_token: Histogram
+    generation_tokens: Counter
+    prompt_tokens: Counter
+    queue_wait: Histogram
+    e2e_latency: Histogram
+    time_per_output_token: Histogram
+
 
 @dataclass
 class RequestObservation:
@@ -196,16 +226,20 @@ class RequestObservation:
     generated_tokens: int = 0
     failed: bool = False
     _last_token_at: dict[int, float] = field(default_factory=dict)
+    series: RouteSeries = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.series = self.metrics.route_series(self.route)
 
     @property
     def _labels(self) -> tuple[str, str]:
         return self.metrics.model, self.route
 
     def on_admitted(self, waited_s: float) -> None:
-        self.metrics.queue_wait.labels(*self._labels).observe(waited_s)
+        self.series.queue_wait.observe(waited_s)
 
     def on_prompt(self, prompt_tokens: int) -> None:
-        self.metrics.prompt_tokens.labels(*self._labels).inc(prompt_tokens)
+        self.series.prompt_tokens.inc(prompt_tokens)
 
     def on_tokens(self, choice: int, count: int) -> None:
         if count <= 0:
@@ -213,16 +247,15 @@ class RequestObservation:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
-            self.metrics.ttft.labels(*self._labels).observe(now - self.arrived_at)
+            self.series.ttft.observe(now - self.arrived_at)
         previous = self._last_token_at.get(choice)
         if previous is not None:
             gap = (now - previous) / count
-            histogram = self.metrics.inter_token.labels(*self._labels)
             for _ in range(count):
-                histogram.observe(gap)
+                self.series.inter_token.observe(gap)
         self._last_token_at[choice] = now
         self.generated_tokens += count
-        self.metrics.generation_tokens.labels(*self._labels).inc(count)
+        self.series.generation_tokens.inc(count)
 
     def on_error(self, error: ServingError) -> None:
         """The one place an error sent to the client (as JSON or inside a stream) is counted."""
@@ -246,8 +279,8 @@ class RequestObservation:
         if self.failed or not 200 <= status < 300 or self.route not in GENERATION_ROUTES:
             return
         e2e = time.perf_counter() - self.arrived_at
-        self.metrics.e2e_latency.labels(*self._labels).observe(e2e)
+        self.series.e2e_latency.observe(e2e)
         if self.first_token_at is not None and self.generated_tokens > 1:
             decode_time = e2e - (self.first_token_at - self.arrived_at)
             per_token = decode_time / (self.generated_tokens - 1)
-            self.metrics.time_per_output_token.labels(*self._labels).observe(per_token)
+            self.series.time_per_output_token.observe(per_token)

@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 from fastapi import FastAPI
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loadtest.prom import Scrape
 
 from llmserve.app import create_app
@@ -207,6 +209,42 @@ async def test_with_an_e2e_target_admission_keeps_running_requests_within_their_
     queue.release(second, completed=True)
     await run(queue, max_tokens=14)
     assert queue.running == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base_ms=st.floats(1, 200),
+    per_sequence_ms=st.floats(0, 20),
+    e2e_s=st.none() | st.floats(0.1, 30),
+    tpot_ms=st.none() | st.floats(1, 300),
+    ttft_s=st.none() | st.floats(0.05, 5),
+    max_in_flight=st.integers(1, 600),
+    prompt_tokens=st.integers(1, 4000),
+)
+def test_the_batch_limit_is_the_largest_batch_at_which_a_typical_request_meets_every_target(
+    base_ms: float,
+    per_sequence_ms: float,
+    e2e_s: float | None,
+    tpot_ms: float | None,
+    ttft_s: float | None,
+    max_in_flight: int,
+    prompt_tokens: int,
+) -> None:
+    slo = SloConfig(e2e_s=e2e_s, tpot_s=tpot_ms and tpot_ms / 1000, ttft_s=ttft_s)
+    model = known_model(base_ms / 1000, per_sequence_ms / 1000)
+    queue = Admission(AdmissionConfig(max_in_flight=max_in_flight), slo, model, FakeClock())
+    queue._typical._prompt_tokens, queue._typical._tokens = prompt_tokens, 64
+
+    def late(batch: int) -> bool:  # the definition, batch by batch
+        step = model.step_s(batch)
+        return (
+            (slo.tpot_s is not None and step > slo.tpot_s)
+            or (slo.ttft_s is not None and model.prefill_s(prompt_tokens) + step > slo.ttft_s)
+            or (slo.e2e_s is not None and model.service_s(prompt_tokens, 64, batch) > slo.e2e_s)
+        )
+
+    first_late = next((b for b in range(1, max_in_flight + 1) if late(b)), None)
+    assert queue._batch_limit() == (max_in_flight if first_late is None else max(1, first_late - 1))
 
 
 async def test_a_request_that_cannot_meet_the_target_even_alone_is_served_best_effort() -> None:

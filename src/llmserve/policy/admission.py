@@ -95,6 +95,8 @@ class Admission:
         self.kv_capacity_tokens: int | None = None  # set once the engine has told it
         self._clock = clock
         self._running: set[Ticket] = set()
+        self._running_sequences = 0  # kept beside the set: read several times per request
+        self._running_kv_tokens = 0
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._typical = TypicalRequest()
@@ -102,7 +104,7 @@ class Admission:
     @property
     def running(self) -> int:
         """Engine sequences running (a request with n choices or prompts counts each)."""
-        return sum(ticket.sequences for ticket in self._running)
+        return self._running_sequences
 
     @property
     def waiting(self) -> int:
@@ -178,6 +180,8 @@ class Admission:
     def release(self, ticket: Ticket, completed: bool) -> None:
         if ticket in self._running:
             self._running.discard(ticket)
+            self._running_sequences -= ticket.sequences
+            self._running_kv_tokens -= ticket.kv_tokens
             if completed and ticket.admitted_at is not None:
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 self.model.observe_service(ticket.predicted_s, self._clock() - ticket.admitted_at)
@@ -189,6 +193,8 @@ class Admission:
             ticket, max(self.running + ticket.sequences, self._batch_limit())
         )
         self._running.add(ticket)
+        self._running_sequences += ticket.sequences
+        self._running_kv_tokens += ticket.kv_tokens
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
 
@@ -226,7 +232,7 @@ class Admission:
         if self.running + ticket.sequences > limit:
             return False
         capacity = self.kv_capacity_tokens
-        if capacity is not None and sum(t.kv_tokens for t in self._running) + ticket.kv_tokens > capacity:
+        if capacity is not None and self._running_kv_tokens + ticket.kv_tokens > capacity:
             return False
         return not self._too_late(ticket, now, limit)
 
@@ -237,15 +243,23 @@ class Admission:
     def _batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
         the engine runs that full, so every admitted request can plan on it."""
-        typical = self._typical
-        for batch in range(1, self.config.max_in_flight + 1):
-            late = self._too_slow_per_token(typical.prompt_tokens, batch) or (
-                self.slo.e2e_s is not None
-                and self.model.service_s(typical.prompt_tokens, typical.tokens, batch) > self.slo.e2e_s
+        slo, most = self.slo, self.config.max_in_flight
+        if slo.e2e_s is None and slo.tpot_s is None and slo.ttft_s is None:
+            return most
+        prompt_tokens, tokens = self._typical.prompt_tokens, self._typical.tokens
+
+        def late(batch: int) -> bool:
+            return self._too_slow_per_token(prompt_tokens, batch) or (
+                slo.e2e_s is not None and self.model.service_s(prompt_tokens, tokens, batch) > slo.e2e_s
             )
-            if late:
-                return max(1, batch - 1)
-        return self.config.max_in_flight
+
+        # A step never gets shorter with more sequences running (the model's slope is >= 0), so
+        # `late` turns true once as the batch grows: find that batch by bisection (runs per request).
+        low, high = 1, most + 1
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if late(middle) else (middle + 1, high)
+        return most if low > most else max(1, low - 1)
 
     def _too_slow_per_token(self, prompt_tokens: int, batch: int) -> bool:
         """At `batch`, a step would exceed the TPOT target, or prefill and a step the TTFT target."""

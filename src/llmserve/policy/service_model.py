@@ -58,6 +58,7 @@ class ServiceModel:
         self._weight = self._sum_b = self._sum_s = self._sum_bb = self._sum_bs = 0.0
         self._prefill_per_token = _Average(PRIOR_PER_PROMPT_TOKEN_S, samples=0)
         self._shares: deque[float] = deque(maxlen=SHARE_WINDOW)
+        self._share_quantile: float | None = None
         self._errors: deque[float] = deque(maxlen=CORRECTION_WINDOW)
         self._base, self._per_sequence = PRIOR_BASE_S, PRIOR_PER_SEQUENCE_S
         self.correction = 1.0
@@ -89,6 +90,7 @@ class ServiceModel:
     def observe_finish(self, generated_tokens: int, max_tokens: int) -> None:
         if max_tokens > 0:
             self._shares.append(min(1.0, generated_tokens / max_tokens))
+            self._share_quantile = None
 
     def observe_service(self, predicted_s: float, actual_s: float) -> None:
         """A finished request: how long admission predicted it would take, and how long it took."""
@@ -110,7 +112,9 @@ class ServiceModel:
         """What a request is likely to generate: a high quantile of the share of max_tokens used."""
         if len(self._shares) < 10:
             return max_tokens
-        share = _quantile(self._shares, SHARE_QUANTILE)
+        if self._share_quantile is None:  # sorted once per finished request, not per arrival
+            self._share_quantile = _quantile(self._shares, SHARE_QUANTILE)
+        share = self._share_quantile
         return max(1, min(max_tokens, math.ceil(max_tokens * share)))
 
     def service_s(self, prompt_tokens: int, tokens: int, batch: int) -> float:
