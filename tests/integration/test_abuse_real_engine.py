@@ -121,6 +121,16 @@ ABUSIVE_BODIES: list[tuple[str, str, bytes, str | None, int, str | None]] = [
     ("max_tokens = 2^64", "completions", raw(json.dumps({**GOOD, "max_tokens": 2**64})), JSON, 400, None),
     # Found by the schema fuzzer: past 64 bits, vLLM's msgpack transport failed the request (500).
     ("top_k = 2^65", "completions", raw(json.dumps({**GOOD, "top_k": 2**65})), JSON, 400, "invalid_value"),
+    # Found by the schema fuzzer: past 64 bits JSON integers are read as floats; -2^63 - 193 became
+    # -2^63 and a seed below its minimum was accepted.
+    (
+        "seed = -2^63 - 193",
+        "chat/completions",
+        raw(json.dumps({**GOOD_CHAT, "seed": -(2**63) - 193})),
+        JSON,
+        400,
+        "invalid_value",
+    ),
     (
         "negative max_tokens",
         "completions",

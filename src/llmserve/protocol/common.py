@@ -7,9 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+# Past 2^53 a float no longer holds every integer: orjson reads an integer literal beyond 64 bits as
+# the nearest float, so -9223372036854776001 would become -2^63 and pass a bound it breaks.
+_EXACT_FLOAT_INTEGERS = 2**53
+
 
 def _integral_float_as_int(value: object) -> object:
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_FLOAT_INTEGERS:
         return int(value)
     return value
 
