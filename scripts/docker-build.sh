@@ -65,14 +65,21 @@ for id in $(docker images --filter dangling=true --quiet --no-trunc); do
 done
 if docker image inspect "$image-warm-check" >/dev/null 2>&1; then stale+=("$image-warm-check"); fi
 previous=$(docker image inspect "$image" --format '{{.Id}}' 2>/dev/null || true)
+previous_stage=$(docker image inspect "$image-build" --format '{{.Id}}' 2>/dev/null || true)
 
-# The build stage tagged ($image-build) so that it stays as the cache of the next build.
 cold_log=/tmp/llmserve-docker-build.log
-seconds=$(build "$image-build" "$cold_log-stage" "${args[@]}" --target build -f docker/Dockerfile.cpu .)
-seconds=$((seconds + $(build "$image" "$cold_log" "${args[@]}" -f docker/Dockerfile.cpu .)))
+seconds=$(build "$image" "$cold_log" "${args[@]}" -f docker/Dockerfile.cpu .)
+# Its build stage tagged ($image-build), from the cache at once, so that it stays as the cache of
+# the next build rather than being taken for a stale one.
+build "$image-build" "$cold_log-stage" "${args[@]}" --target build -f docker/Dockerfile.cpu . >/dev/null
 current=$(docker image inspect "$image" --format '{{.Id}}')
 if [ -n "$previous" ] && [ "$previous" != "$current" ]; then stale+=("$previous"); fi
+current_stage=$(docker image inspect "$image-build" --format '{{.Id}}')
+if [ -n "$previous_stage" ] && [ "$previous_stage" != "$current_stage" ]; then stale+=("$previous_stage"); fi
 for id in "${stale[@]}"; do
+    # What an interrupted run left untagged may be exactly what this build produced: keep it.
+    [ "$(docker image inspect "$id" --format '{{.Id}}' 2>/dev/null)" = "$current" ] && continue
+    [ "$(docker image inspect "$id" --format '{{.Id}}' 2>/dev/null)" = "$current_stage" ] && continue
     docker ps --all --quiet --filter "ancestor=$id" | xargs -r docker rm --force >/dev/null 2>&1 || true
     docker image rm "$id" >/dev/null 2>&1 || true
 done
