@@ -81,7 +81,7 @@ bench-spec: model
 	$(PY) -m loadtest.spec_bench --out results/spec
 
 # The front end at GPU rates: the real CPU engine at 16 connections (wrk), then the simulated H200
-# (configs/sim-h200-smollm2.yaml) at offered rates up to 1200 req/s (hey); ~12 min. Needs wrk and
+# (configs/sim-h200-smollm2.yaml) at offered rates up to 1200 req/s (hey); ~20 min. Needs wrk and
 # hey (Debian packages).
 bench-frontend: model
 	$(PY) -m loadtest.frontend_bench --out results/frontend
