@@ -19,9 +19,9 @@ from llmserve.engine.step_time import (
     ModelShape,
     RequestStep,
     SimulatedTokens,
-    SimulationSettings,
     StepTimeModel,
     sampled_tokens,
+    simulation_settings,
 )
 from llmserve.engine.vllm_engine import engine_arguments
 from llmserve.engine_config import SimulatedGpuName
@@ -153,7 +153,7 @@ def test_the_simulated_profile_runs_vllm_with_the_simulated_executor_and_says_so
     assert "simulated" in config.server.served_model_name
     arguments = engine_arguments(config.engine, config.server.served_model_name)
     assert arguments["distributed_executor_backend"] == EXECUTOR_CLASS
-    settings = SimulationSettings.from_additional_config(arguments["additional_config"])
+    settings = simulation_settings(arguments["additional_config"])
     assert settings.gpu == "H200"
     plain = engine_arguments(load_config(REPO / "configs" / "cpu-smollm2.yaml").engine, "m")
     assert CONFIG_KEY not in plain["additional_config"], "never the default"

@@ -29,9 +29,9 @@ from llmserve.engine.step_time import (
     GPUS,
     ModelShape,
     SimulatedTokens,
-    SimulationSettings,
     StepTimeModel,
     sampled_tokens,
+    simulation_settings,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class SimulatedGpuExecutor(Executor):
         from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 
         config: VllmConfig = self.vllm_config
-        self.settings = SimulationSettings.from_additional_config(config.additional_config)
+        self.settings = simulation_settings(config.additional_config)
         # A GPU serves in BF16 whatever dtype this CPU's vLLM picked (float32 where it has no BF16).
         cache_dtype = config.cache_config.cache_dtype
         self.kv_dtype = torch.bfloat16 if cache_dtype == "auto" else STR_DTYPE_TO_TORCH_DTYPE[cache_dtype]

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from llmserve.engine_config import SimulatedGpuConfig
+
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
@@ -136,22 +138,13 @@ class StepTimeModel:
         return self.overhead_s + max(memory_s, compute_s)
 
 
-@dataclass(frozen=True)
-class SimulationSettings:
-    gpu: str
-    step_overhead_ms: float
-    bandwidth_efficiency: float
-    compute_efficiency: float
-    activation_reserve_gib: float
-
-    @classmethod
-    def from_additional_config(cls, additional: Mapping[str, Any] | Any) -> SimulationSettings:
-        settings = additional.get(CONFIG_KEY) if isinstance(additional, Mapping) else None
-        if not isinstance(settings, Mapping):
-            raise ValueError(f"the simulated GPU executor needs additional_config[{CONFIG_KEY!r}]")
-        if settings["gpu"] not in GPUS:
-            raise ValueError(f"unknown simulated GPU {settings['gpu']!r}: one of {', '.join(GPUS)}")
-        return cls(**settings)
+def simulation_settings(additional: Mapping[str, Any] | Any) -> SimulatedGpuConfig:
+    """The engine section's `simulated_gpu`, as it reaches the engine core in vLLM's
+    `additional_config` (validated again there: the same model, the same checks)."""
+    settings = additional.get(CONFIG_KEY) if isinstance(additional, Mapping) else None
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"the simulated GPU executor needs additional_config[{CONFIG_KEY!r}]")
+    return SimulatedGpuConfig.model_validate(settings)
 
 
 class SimulatedTokens:
