@@ -92,16 +92,15 @@ class CpuMeter:
     """CPU seconds each process of a server's tree (and the load generator) spent in a window."""
 
     def __init__(self, server: ServerProcess) -> None:
-        self.root = server.process.pid
+        self.server = server
         self.start = self._sample()
 
     def _sample(self) -> dict[int, tuple[str, float]]:
-        root = psutil.Process(self.root)
         samples: dict[int, tuple[str, float]] = {}
-        for process in [root, *root.children(recursive=True)]:
+        for process in self.server.processes():
             try:
                 times = process.cpu_times()
-                samples[process.pid] = (role(process, self.root), times.user + times.system)
+                samples[process.pid] = (role(process, self.server.process.pid), times.user + times.system)
             except psutil.Error:
                 continue
         return samples

@@ -63,7 +63,7 @@ stale=()
 for id in $(docker images --filter dangling=true --quiet --no-trunc); do
     if ours "$id"; then stale+=("$id"); fi
 done
-if docker image inspect "$image-warm-check" >/dev/null 2>&1; then stale+=("$image-warm-check"); fi
+stale+=($(docker image inspect "$image-warm-check" --format '{{.Id}}' 2>/dev/null || true))
 previous=$(docker image inspect "$image" --format '{{.Id}}' 2>/dev/null || true)
 previous_stage=$(docker image inspect "$image-build" --format '{{.Id}}' 2>/dev/null || true)
 
@@ -78,8 +78,7 @@ current_stage=$(docker image inspect "$image-build" --format '{{.Id}}')
 if [ -n "$previous_stage" ] && [ "$previous_stage" != "$current_stage" ]; then stale+=("$previous_stage"); fi
 for id in "${stale[@]}"; do
     # What an interrupted run left untagged may be exactly what this build produced: keep it.
-    [ "$(docker image inspect "$id" --format '{{.Id}}' 2>/dev/null)" = "$current" ] && continue
-    [ "$(docker image inspect "$id" --format '{{.Id}}' 2>/dev/null)" = "$current_stage" ] && continue
+    if [ "$id" = "$current" ] || [ "$id" = "$current_stage" ]; then continue; fi
     docker ps --all --quiet --filter "ancestor=$id" | xargs -r docker rm --force >/dev/null 2>&1 || true
     docker image rm "$id" >/dev/null 2>&1 || true
 done
