@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -23,10 +24,13 @@ from llmserve.metrics import GatewayMetrics
 from llmserve.policy.admission import Admission
 from llmserve.policy.permits import Permits
 from llmserve.policy.rate_limits import RateLimiter
+from llmserve.policy.shared_state import SharedState
 from llmserve.runtime import EngineRuntime, EngineStarter
 from llmserve.serving.chat import ChatService
 from llmserve.serving.completions import CompletionService
 from llmserve.serving.pipeline import Pipeline
+
+GAUGE_PUBLISH_INTERVAL_S = 1.0
 
 
 def _terminate_self() -> None:
@@ -34,15 +38,26 @@ def _terminate_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+async def publish_gauges(metrics: GatewayMetrics) -> None:
+    """In a group, a scrape reads every process's gauges from files: keep this one's current."""
+    while True:
+        metrics.refresh()
+        await asyncio.sleep(GAUGE_PUBLISH_INTERVAL_S)
+
+
 def create_app(
     config: Config,
     engine_starter: EngineStarter | None = None,
     on_fatal: Callable[[], None] = _terminate_self,
+    group: SharedState | None = None,
 ) -> FastAPI:
-    admission = Admission(config.admission, config.slo)
-    permits = Permits(admission, RateLimiter(config.auth))
-    runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal, permits)
-    gateway_metrics = GatewayMetrics(config.server.served_model_name)
+    """`group`: the limits' state shared with the other API processes of a group (else this
+    process's own)."""
+    admission = Admission(config.admission, config.slo, load=group.engine_load() if group else None)
+    permits = Permits(admission, RateLimiter(config.auth, shared=group))
+    calibration_lock = group.calibration_lock if group else None
+    runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal, permits, calibration_lock)
+    gateway_metrics = GatewayMetrics(config.server.served_model_name, multiprocess=group is not None)
     gateway_metrics.watch_queue(waiting=lambda: admission.waiting, in_flight=permits.in_flight)
     most = config.admission.max_in_flight
     gateway_metrics.watch_service_model(
@@ -57,9 +72,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         runtime.start()
+        publisher = asyncio.create_task(publish_gauges(gateway_metrics)) if group else None
         try:
             yield
         finally:
+            if publisher is not None:
+                publisher.cancel()
             await runtime.stop()
 
     app = FastAPI(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from llmserve import __version__
 from llmserve.config import ConfigError, load_config, parse_overrides
+from llmserve.logs import configure_logging
 
 DEFAULT_MODEL_DIR = Path(".cache/models/SmolLM2-135M-Instruct")
 
@@ -66,14 +66,6 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def _serve(args: argparse.Namespace) -> int:
     from llmserve.engine.model_fit import ModelFitError, check_model_fit
     from llmserve.engine.model_store import ModelNotPreparedError, check_model_dir
@@ -84,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"llmserve: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(config.server.log_level)
+    configure_logging(config.server.log_level)
     try:
         check_model_dir(config.engine.model)
         check_model_fit(config.engine)
@@ -116,7 +108,7 @@ def _check_config(args: argparse.Namespace) -> int:
 def _prepare_model(args: argparse.Namespace) -> int:
     from llmserve.engine.model_store import prepare_model
 
-    _configure_logging("info")
+    configure_logging("info")
     try:
         prepared = prepare_model(args.output, force=args.force)
     except FileNotFoundError as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -55,6 +55,13 @@ class ServerConfig(_Section):
     )
     shutdown_timeout_s: float = Field(
         default=30.0, gt=0, description="How long in-flight requests may run after SIGTERM."
+    )
+    api_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="HTTP processes sharing one listening socket and one vLLM engine core "
+        "(docs/operations.md); more than 1 needs engine.backend vllm.",
     )
 
 
@@ -122,6 +129,12 @@ class Config(BaseSettings):
     slo: SloConfig = SloConfig()
     auth: AuthConfig = AuthConfig()
     engine: EngineConfig = EngineConfig()
+
+    @model_validator(mode="after")
+    def _api_processes_share_a_vllm_engine(self) -> Config:
+        if self.server.api_processes > 1 and self.engine.backend != "vllm":
+            raise ValueError("server.api_processes > 1 shares one vLLM engine core: engine.backend vllm")
+        return self
 
 
 def default_profile_path() -> Path:

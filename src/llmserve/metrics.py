@@ -4,8 +4,12 @@ The gateway measures what vLLM cannot see: HTTP status, end-to-end latency as th
 experiences it, time to first token through the gateway, rejections and their reasons.
 Queue wait inside the engine is vLLM's `vllm:request_queue_time_seconds`.
 
-One server process serves HTTP (vLLM's engine core runs in its own process and reports its
-stats to this one), so no multiprocess aggregation is needed.
+With one API process (the default) the series live in this process's registries. With several
+(server.api_processes) every process writes its series to the group's Prometheus multiprocess
+directory and any of them answers a scrape with the sum over all: counters and histograms add up,
+the in-flight and waiting gauges are summed over the live processes, admission's predictions are
+the most recent any process made; vLLM's own `vllm:*` series use the same mechanism (its engine
+core sends scheduler stats to one front end only, so nothing is counted twice).
 """
 
 from __future__ import annotations
@@ -15,7 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 from llmserve.errors import ServingError
 
@@ -50,10 +62,16 @@ def route_label(path: str) -> str:
 
 
 class GatewayMetrics:
-    def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, model: str, registry: CollectorRegistry | None = None, multiprocess: bool = False
+    ) -> None:
         self.model = model
         self.registry = registry or CollectorRegistry()
+        self.multiprocess = multiprocess
         self._route_series: dict[str, RouteSeries] = {}
+        # With several API processes a gauge cannot call back at scrape time (the scrape reads
+        # every process's files): its value is set from these readers by `refresh()`.
+        self._readers: list[tuple[Gauge, Callable[[], float]]] = []
         labels = ["model", "route"]
         self.requests = Counter(
             "llmserve_requests_total",
@@ -78,6 +96,7 @@ class GatewayMetrics:
             "Generation requests being served now (planning, queued, generating or streaming).",
             labels,
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.e2e_latency = Histogram(
             "llmserve_e2e_request_latency_seconds",
@@ -126,18 +145,21 @@ class GatewayMetrics:
             "Admission's prediction of one engine step (a token for every running sequence), by batch size.",
             ["model", "batch"],
             registry=self.registry,
+            multiprocess_mode="livemostrecent",
         )
         self.predicted_prefill = Gauge(
             "llmserve_admission_predicted_prefill_seconds_per_1k_tokens",
             "Admission's prediction of the time to take 1000 prompt tokens in.",
             ["model"],
             registry=self.registry,
+            multiprocess_mode="livemostrecent",
         )
         self.waiting = Gauge(
             "llmserve_requests_waiting",
             "Requests waiting in the gateway's admission queue now.",
             ["model"],
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.prompt_tokens = Counter(
             "llmserve_prompt_tokens_total",
@@ -173,14 +195,35 @@ class GatewayMetrics:
     ) -> None:
         """What admission predicts: the engine's step time at a few batch sizes, prefill cost."""
         for batch in batches:
-            self.predicted_step.labels(self.model, str(batch)).set_function(partial(step_s, batch))
-        self.predicted_prefill.labels(self.model).set_function(partial(prefill_s, 1000))
+            self._read(self.predicted_step.labels(self.model, str(batch)), partial(step_s, batch))
+        self._read(self.predicted_prefill.labels(self.model), partial(prefill_s, 1000))
 
     def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[str], int]) -> None:
         """The gauges read the admission queue and the permits held (policy/): counted once, there."""
-        self.waiting.labels(self.model).set_function(waiting)
+        self._read(self.waiting.labels(self.model), waiting)
         for route in GENERATION_ROUTES:
-            self.in_flight.labels(self.model, route).set_function(partial(in_flight, route))
+            self._read(self.in_flight.labels(self.model, route), partial(in_flight, route))
+
+    def _read(self, gauge: Gauge, reader: Callable[[], float]) -> None:
+        if self.multiprocess:
+            self._readers.append((gauge, reader))
+        else:
+            gauge.set_function(reader)
+
+    def refresh(self) -> None:
+        """Publish this process's gauge readings to the group (several API processes only)."""
+        for gauge, reader in self._readers:
+            gauge.set(reader())
+
+    def exposition(self) -> bytes:
+        """The scrape: the gateway's series and vLLM's (registered in the process-wide default
+        registry), or with several API processes both summed over the whole group."""
+        if not self.multiprocess:
+            return generate_latest(self.registry) + generate_latest(REGISTRY)
+        self.refresh()
+        group = CollectorRegistry()
+        multiprocess.MultiProcessCollector(group)  # type: ignore[no-untyped-call]
+        return generate_latest(group)
 
     def observation(self, path: str) -> RequestObservation:
         return RequestObservation(self, route_label(path))

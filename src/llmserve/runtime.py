@@ -11,8 +11,9 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, aclosing
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from typing import Any
 
 from llmserve.config import Config
 from llmserve.engine.base import EngineClient, SamplingSpec
@@ -31,11 +32,17 @@ logger = logging.getLogger(__name__)
 EngineStarter = Callable[[Config], AbstractAsyncContextManager[EngineClient]]
 WARMUP_PROMPT = "Hello"
 WATCHDOG_INTERVAL_S = 1.0
+CALIBRATION_LOCK_TIMEOUT_S = 300.0
 
 
 class EngineRuntime:
     def __init__(
-        self, config: Config, starter: EngineStarter, on_fatal: Callable[[], None], permits: Permits
+        self,
+        config: Config,
+        starter: EngineStarter,
+        on_fatal: Callable[[], None],
+        permits: Permits,
+        calibration_lock: Any = None,
     ) -> None:
         self._config = config
         self._starter = starter
@@ -50,6 +57,9 @@ class EngineRuntime:
         self._probe: asyncio.Task[bool] | None = None
         self._probed_ok_at = -math.inf
         self._probes_failing_since: float | None = None
+        # A group's API processes calibrate one at a time: side by side each would measure the
+        # others' batches as its own (a multiprocessing lock; None with one API process).
+        self._calibration_lock = calibration_lock
 
     @property
     def is_ready(self) -> bool:
@@ -148,7 +158,8 @@ class EngineRuntime:
                 await warm_up(engine)
                 admission = self._permits.admission
                 admission.kv_capacity_tokens = engine.model_info.kv_cache_tokens
-                await calibrate(engine, admission.model)
+                async with holding(self._calibration_lock):
+                    await calibrate(engine, admission.model)
                 logger.info("admission's service model: %s", admission.model.describe())
                 freeze_startup_heap()
                 self._probed_ok_at = time.monotonic()
@@ -178,6 +189,20 @@ class EngineRuntime:
             self._engine = None
             self.exit_code = 1
             self._on_fatal()
+
+
+@asynccontextmanager
+async def holding(lock: Any) -> AsyncIterator[None]:
+    """Hold a multiprocessing lock (None: nothing to hold) without blocking the event loop."""
+    if lock is None:
+        yield
+        return
+    if not await asyncio.to_thread(lock.acquire, True, CALIBRATION_LOCK_TIMEOUT_S):
+        raise EngineFailedError("another API process held the calibration lock too long")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def freeze_startup_heap() -> None:

@@ -10,6 +10,7 @@ from types import FrameType
 
 import prometheus_client
 import uvicorn
+from fastapi import FastAPI
 
 from llmserve.app import create_app
 from llmserve.config import Config
@@ -47,9 +48,24 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(config: Config) -> int:
+    """Serve until SIGTERM (exit 0 once drained) or until the engine fails (non-zero)."""
+    if config.server.api_processes > 1:
+        from llmserve.server_group import serve_group
+
+        return serve_group(config)
+    logger.info(
+        "llmserve starting on http://%s:%d; loading model %s (ready when /ready says so)",
+        config.server.host,
+        config.server.port,
+        config.engine.model,
+    )
+    return run_http(config, create_app(config))
+
+
+def run_http(config: Config, app: FastAPI, sockets: list[socket.socket] | None = None) -> int:
+    """Run `app` under uvicorn on host:port (or on `sockets`, a group's shared listening socket)."""
     # `*_created` timestamps are a quarter of the exposition and no dashboard reads them.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    app = create_app(config)
     runtime: EngineRuntime = app.state.runtime
     server_config = config.server
     uvicorn_config = uvicorn.Config(
@@ -63,17 +79,11 @@ def serve(config: Config) -> int:
         timeout_graceful_shutdown=5,
         access_log=False,
     )
-    logger.info(
-        "llmserve starting on http://%s:%d; loading model %s (ready when /ready says so)",
-        server_config.host,
-        server_config.port,
-        config.engine.model,
-    )
     server = DrainingServer(uvicorn_config, runtime, server_config.shutdown_timeout_s)
     # uvicorn re-raises the signal it shut down for, after restoring the previous handler; with
     # this one in place a graceful SIGTERM ends in exit code 0 (1 if the engine failed).
     signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
+    server.run(sockets)
     if not server.started:
         return 1
     return runtime.exit_code

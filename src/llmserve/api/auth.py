@@ -13,6 +13,7 @@ from llmserve.config import AuthConfig, ConfigError
 from llmserve.errors import UnauthorizedError
 
 DIGEST_PREFIX = "sha256:"
+KEY_ID_CHARS = 16
 
 
 def digest(key: str) -> bytes:
@@ -36,12 +37,16 @@ class KeyRing:
             raise ConfigError("auth is configured but no API key was given")
         return cls(digests)
 
+    def key_ids(self) -> list[str]:
+        """Every accepted key's identity (what `identify` returns for it)."""
+        return [known.hex()[:KEY_ID_CHARS] for known in self._digests]
+
     def identify(self, key: str) -> str | None:
         """The key's identity (a digest prefix, safe to log and to key limits by), if accepted."""
         candidate = digest(key)
         # Compare against every key, in constant time each, so timing says nothing about which.
         matches = [hmac.compare_digest(candidate, known) for known in self._digests]
-        return candidate.hex()[:16] if any(matches) else None
+        return candidate.hex()[:KEY_ID_CHARS] if any(matches) else None
 
 
 def read_key_file(path: Path) -> list[bytes]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from llmserve.api.openapi import error_responses
 from llmserve.metrics import GatewayMetrics
@@ -19,6 +19,4 @@ router = APIRouter(tags=["metrics"])
 )
 async def metrics(request: Request) -> Response:
     gateway: GatewayMetrics = request.app.state.metrics
-    # vLLM's stat logger registers its `vllm:*` series in the process-wide default registry.
-    body = generate_latest(gateway.registry) + generate_latest(REGISTRY)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    return Response(gateway.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -256,7 +256,7 @@ def _kv_cache_tokens(llm: AsyncLLM) -> int | None:
     return int(blocks * block_size) if blocks and block_size else None
 
 
-def _import_async_llm() -> type[AsyncLLM]:
+def import_async_llm() -> type[AsyncLLM]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM
@@ -278,7 +278,7 @@ async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> Asy
         # Imported in a call of its own: some module vLLM imports keeps a frame alive, and every
         # frame it chains back to would keep the AsyncLLM alive until interpreter exit, where its
         # __del__ fails on torn-down modules.
-        async_llm = await loop.run_in_executor(engine_thread, _import_async_llm)
+        async_llm = await loop.run_in_executor(engine_thread, import_async_llm)
         engine_args = build_engine_args(config, served_model_name)
         llm = await loop.run_in_executor(engine_thread, async_llm.from_engine_args, engine_args)
         engine = VllmEngine(llm)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ from llmserve.config import AdmissionConfig, SloConfig
 from llmserve.errors import OverloadedError
 from llmserve.policy.fair_queue import FairQueue
 from llmserve.policy.service_model import ServiceModel
+from llmserve.policy.shared_state import EngineLoad
 
 MAX_RETRY_AFTER_S = 60
 # A request waits only if its predicted wait uses at most this share of the time it has: a
 # request refused after waiting is a slow refusal, so the queue takes what it will surely serve.
 QUEUE_CONFIDENCE = 0.8
+# With a group of API processes, how often waiters look for room freed by the others.
+GROUP_POLL_S = 0.005
 
 
 @dataclass(eq=False)
@@ -88,15 +92,19 @@ class Admission:
         slo: SloConfig,
         model: ServiceModel | None = None,
         clock: Callable[[], float] = time.monotonic,
+        load: EngineLoad | None = None,
     ) -> None:
         self.config = config
         self.slo = slo
         self.model = model or ServiceModel()
         self.kv_capacity_tokens: int | None = None  # set once the engine has told it
         self._clock = clock
-        self._running: set[Ticket] = set()
-        self._running_sequences = 0  # kept beside the set: read several times per request
-        self._running_kv_tokens = 0
+        self._running: set[Ticket] = set()  # this process's
+        # What the engine runs: this process's tickets, or with a group of API processes all of
+        # theirs (policy/shared_state.py); then waiters also look for room freed by the others.
+        self._load = load if load is not None else EngineLoad()
+        self._in_group = load is not None
+        self._poller: asyncio.TimerHandle | None = None
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._typical = TypicalRequest()
@@ -104,7 +112,7 @@ class Admission:
     @property
     def running(self) -> int:
         """Engine sequences running (a request with n choices or prompts counts each)."""
-        return self._running_sequences
+        return self._load.sequences
 
     @property
     def waiting(self) -> int:
@@ -153,11 +161,13 @@ class Admission:
         cannot be served in time. A caller cancelled while waiting leaves the queue; one cancelled
         just as it was admitted gives its place back."""
         self.check(ticket)
-        if not self.config.enabled or (not self._waiting and self._fits(ticket, self._clock())):
+        if not self._waiting and self._fits(ticket, self._clock()) and self._take(ticket):
             self._start(ticket)
             return
         self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
         self._admit_waiters()
+        if self._in_group and self._poller is None and not ticket.admitted.done():
+            self._poller = asyncio.get_running_loop().call_later(GROUP_POLL_S, self._poll_waiters)
         budget = max(self._wait_budget_s(ticket), 0.01)
         try:
             await asyncio.wait_for(asyncio.shield(ticket.admitted), budget)
@@ -180,21 +190,26 @@ class Admission:
     def release(self, ticket: Ticket, completed: bool) -> None:
         if ticket in self._running:
             self._running.discard(ticket)
-            self._running_sequences -= ticket.sequences
-            self._running_kv_tokens -= ticket.kv_tokens
+            self._load.give_back(ticket.sequences, ticket.kv_tokens)
             if completed and ticket.admitted_at is not None:
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 self.model.observe_service(ticket.predicted_s, self._clock() - ticket.admitted_at)
         self._admit_waiters()
 
-    def _start(self, ticket: Ticket) -> None:
-        ticket.admitted_at = self._clock()
-        ticket.predicted_s = self._service_s(
-            ticket, max(self.running + ticket.sequences, self._batch_limit())
+    def _take(self, ticket: Ticket) -> bool:
+        """Take the ticket's room in the engine, if it is still there (another API process of
+        the group may have taken it since `_fits` looked)."""
+        if not self.config.enabled:
+            return self._load.try_take(ticket.sequences, ticket.kv_tokens, sys.maxsize, None)
+        return self._load.try_take(
+            ticket.sequences, ticket.kv_tokens, self._batch_limit(), self.kv_capacity_tokens
         )
+
+    def _start(self, ticket: Ticket) -> None:
+        """Run a ticket whose room `_take` took."""
+        ticket.admitted_at = self._clock()
+        ticket.predicted_s = self._service_s(ticket, max(self.running, self._batch_limit()))
         self._running.add(ticket)
-        self._running_sequences += ticket.sequences
-        self._running_kv_tokens += ticket.kv_tokens
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
 
@@ -208,7 +223,7 @@ class Admission:
         deadline at the batch running now is refused, rather than left to block those behind."""
         now = self._clock()
         while (head := self._waiting.peek()) is not None:
-            if self._fits(head, now):
+            if self._fits(head, now) and self._take(head):
                 self._start(self._waiting.pop())
             elif self._too_late(head, now, self._batch_limit()):
                 self._waiting.pop()
@@ -218,6 +233,13 @@ class Admission:
             else:
                 return
 
+    def _poll_waiters(self) -> None:
+        """In a group, room freed by another API process wakes nobody here: look again shortly."""
+        self._poller = None
+        self._admit_waiters()
+        if self._waiting:
+            self._poller = asyncio.get_running_loop().call_later(GROUP_POLL_S, self._poll_waiters)
+
     # The predictions.
 
     def _service_s(self, ticket: Ticket, batch: int) -> float:
@@ -226,13 +248,13 @@ class Admission:
     def _fits(self, ticket: Ticket, now: float) -> bool:
         """Room now: slots and KV for it within the batch limit, and time to finish by its
         deadline even once the batch has grown to that limit."""
-        if not self._running:
+        if not self.config.enabled or self.running == 0:
             return True  # alone it is served, whatever its targets
         limit = self._batch_limit()
         if self.running + ticket.sequences > limit:
             return False
         capacity = self.kv_capacity_tokens
-        if capacity is not None and self._running_kv_tokens + ticket.kv_tokens > capacity:
+        if capacity is not None and self._load.kv_tokens + ticket.kv_tokens > capacity:
             return False
         return not self._too_late(ticket, now, limit)
 
@@ -276,8 +298,12 @@ class Admission:
         now = self._clock()
         limit = max(self._batch_limit(), ticket.sequences)
         step = self.model.step_s(max(1, self.running))
-        finishing = sorted((now + t.remaining_tokens() * step, t.sequences) for t in self._running)
-        running = self.running
+        # In a group this process sees only its own running tickets: each stands for its share
+        # of the engine's batch (the others' run alike).
+        own = sum(t.sequences for t in self._running)
+        share = self.running / own if own else 1.0
+        finishing = sorted((now + t.remaining_tokens() * step, t.sequences * share) for t in self._running)
+        running: float = self.running
         ahead = [t for t in self._waiting.ahead_of(ticket) if t is not ticket]
         beyond_s = 0.0
         if position is not None:

@@ -4,7 +4,8 @@ A request takes one request token at once, and reserves prompt + max_tokens toke
 been planned; when it ends, the reservation is settled to what it really used (prompt +
 generated tokens) and the rest is refunded. A request refused before any work (by planning, by
 admission, or because its client left while it queued) gives everything back. The request's
-permit (policy/permits.py) does the taking and the giving back.
+permit (policy/permits.py) does the taking and the giving back. With several API processes
+(server.api_processes) a key's buckets are shared by all of them.
 """
 
 from __future__ import annotations
@@ -16,31 +17,47 @@ from dataclasses import dataclass
 
 from llmserve.config import AuthConfig
 from llmserve.errors import RateLimitedError
+from llmserve.policy.shared_state import BucketCell, SharedState
+
+REQUESTS, TOKENS = 0, 1
 
 
 class TokenBucket:
-    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
+    """A bucket of `per_minute` tokens, refilled continuously. Its level lives in a BucketCell:
+    this process's own, or one shared by the group's API processes (policy/shared_state.py)."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float], cell: BucketCell | None = None) -> None:
         self.capacity = float(per_minute)
         self._refill_per_s = per_minute / 60.0
         self._clock = clock
-        self._level = self.capacity
-        self._updated_at = clock()
+        self._cell = cell if cell is not None else BucketCell()
+
+    def _refilled(self) -> tuple[float, float]:
+        """(level now, now); the caller holds the cell's lock."""
+        now = self._clock()
+        level, updated_at = self._cell.read()
+        if math.isnan(level):  # first use: full
+            return self.capacity, now
+        return min(self.capacity, level + (now - updated_at) * self._refill_per_s), now
 
     @property
     def level(self) -> float:
-        now = self._clock()
-        self._level = min(self.capacity, self._level + (now - self._updated_at) * self._refill_per_s)
-        self._updated_at = now
-        return self._level
+        with self._cell.lock:
+            level, now = self._refilled()
+            self._cell.write(level, now)
+            return level
 
     def try_take(self, amount: float) -> bool:
-        if self.level < amount:
-            return False
-        self._level -= amount
-        return True
+        with self._cell.lock:
+            level, now = self._refilled()
+            taken = level >= amount
+            self._cell.write(level - amount if taken else level, now)
+            return taken
 
     def give_back(self, amount: float) -> None:
-        self._level = min(self.capacity, self.level + amount)
+        with self._cell.lock:
+            level, now = self._refilled()
+            self._cell.write(min(self.capacity, level + amount), now)
 
     def seconds_until(self, amount: float) -> float:
         """Until `amount` is available (never, if it exceeds the capacity: then until full)."""
@@ -106,10 +123,16 @@ class KeyLimits:
 
 
 class RateLimiter:
-    def __init__(self, config: AuthConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: AuthConfig,
+        clock: Callable[[], float] = time.monotonic,
+        shared: SharedState | None = None,
+    ) -> None:
         self._requests_per_minute = config.requests_per_minute
         self._tokens_per_minute = config.tokens_per_minute
         self._clock = clock
+        self._shared = shared
         self._keys: dict[str, KeyLimits] = {}
 
     @property
@@ -123,11 +146,15 @@ class RateLimiter:
         limits = self._keys.get(key_id)
         if limits is None:
             limits = KeyLimits(
-                requests=self._bucket(self._requests_per_minute),
-                tokens=self._bucket(self._tokens_per_minute),
+                requests=self._bucket(self._requests_per_minute, key_id, REQUESTS),
+                tokens=self._bucket(self._tokens_per_minute, key_id, TOKENS),
             )
             self._keys[key_id] = limits
         return limits
 
-    def _bucket(self, per_minute: int | None) -> TokenBucket | None:
-        return TokenBucket(per_minute, self._clock) if per_minute is not None else None
+    def _bucket(self, per_minute: int | None, key_id: str, bucket: int) -> TokenBucket | None:
+        if per_minute is None:
+            return None
+        # With a group of API processes, a key's buckets are the group's, wherever it connects.
+        cell = self._shared.bucket_cell(key_id, bucket) if self._shared is not None else None
+        return TokenBucket(per_minute, self._clock, cell)

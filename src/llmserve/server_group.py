@@ -1,0 +1,187 @@
+"""`server.api_processes` > 1: a supervisor, one vLLM engine core, N API processes on one socket.
+
+The supervisor binds the listening socket, creates what the group shares (the engine load and the
+keys' rate-limit buckets, policy/shared_state.py; the Prometheus multiprocess directory), then
+starts the engine core and the API processes through vLLM's machinery (engine/vllm_group.py).
+Each API process is the same app as a single server: it drains on SIGTERM, reports readiness,
+runs the engine watchdog and exits non-zero when the engine dies.
+
+The supervisor forwards SIGTERM/SIGINT to every API process (each drains its own requests), waits
+for them, then stops the engine core and exits 0. When an API process exits unexpectedly or the
+engine core dies, it drains the others and exits 1, so a supervisor above it (Docker, systemd,
+Kubernetes) restarts the whole group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from multiprocessing import connection
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+from llmserve.api.auth import KeyRing
+from llmserve.config import Config
+from llmserve.logs import configure_logging
+from llmserve.policy.shared_state import SharedState
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+# After the API processes' own drain deadline, how long the supervisor waits before killing.
+EXIT_GRACE_S = 15.0
+
+
+def serve_group(config: Config) -> int:
+    count = config.server.api_processes
+    keys = KeyRing.from_config(config.auth)
+    shared = SharedState.create(keys.key_ids() if keys is not None else [])
+    metrics_dir = tempfile.mkdtemp(prefix="llmserve-metrics-")
+    # Read by prometheus_client when each spawned process imports it.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    listening = bind(config.server.host, config.server.port)
+    supervisor = Supervisor(config.server.shutdown_timeout_s)
+    logger.info(
+        "llmserve starting %d API processes on http://%s:%d over one engine core; loading model %s",
+        count,
+        config.server.host,
+        config.server.port,
+        config.engine.model,
+    )
+    from llmserve.engine.vllm_group import launch_api_group
+
+    try:
+        with (
+            supervisor.signals(),
+            launch_api_group(
+                config.engine,
+                config.server.served_model_name,
+                count,
+                f"http://{config.server.host}:{config.server.port}",
+                listening,
+                run_api_process,
+                (config, shared),
+                config.server.shutdown_timeout_s + EXIT_GRACE_S,
+            ) as group,
+        ):
+            return supervisor.watch(group.api_processes, group.engine_processes)
+    except StartupInterruptedError:
+        logger.info("stopped while starting")
+        return 0
+    finally:
+        listening.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The one listening socket every API process accepts on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind((host, port))
+    return listening
+
+
+class StartupInterruptedError(Exception):
+    """SIGTERM/SIGINT arrived before the group had started."""
+
+
+class Supervisor:
+    def __init__(self, shutdown_timeout_s: float) -> None:
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._api_processes: list[BaseProcess] = []
+        self._stopping = False
+        self._signals = 0
+
+    def signals(self) -> Any:
+        supervisor = self
+
+        class _Handlers:
+            def __enter__(self) -> None:
+                self.previous = {
+                    sig: signal.signal(sig, supervisor._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+                }
+
+            def __exit__(self, *_: object) -> None:
+                for sig, handler in self.previous.items():
+                    signal.signal(sig, handler)
+
+        return _Handlers()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if not self._api_processes:  # still starting: stop at once
+            raise StartupInterruptedError()
+        logger.info("received %s: the API processes drain", signal.Signals(signum).name)
+        self._stopping = True
+        self._forward(signal.SIGTERM)  # a second signal makes them exit at once, as it would one
+
+    def _forward(self, sig: int) -> None:
+        for process in self._api_processes:
+            if process.exitcode is None and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, sig)
+
+    def watch(self, api_processes: list[BaseProcess], engine_processes: list[BaseProcess]) -> int:
+        """Until every API process has exited: 0 when they drained on request, 1 on a failure."""
+        self._api_processes = api_processes
+        logger.info(
+            "API processes %s and engine core %s started",
+            [p.pid for p in api_processes],
+            [p.pid for p in engine_processes],
+        )
+        failed = False
+        while any(p.exitcode is None for p in api_processes):
+            alive = [p.sentinel for p in api_processes if p.exitcode is None]
+            connection.wait(alive + [p.sentinel for p in engine_processes], timeout=WATCH_INTERVAL_S)
+            failure = self._failure(api_processes, engine_processes)
+            if failure and not failed:
+                failed = True
+                logger.error("%s: stopping the group", failure)
+                self._forward(signal.SIGTERM)
+        for process in api_processes:
+            mark_process_dead(process.pid)
+        return 1 if failed else 0
+
+    def _failure(self, api_processes: list[BaseProcess], engine_processes: list[BaseProcess]) -> str | None:
+        for process in api_processes:
+            if process.exitcode not in (None, 0):
+                return f"API process {process.name} (pid {process.pid}) exited with {process.exitcode}"
+            if process.exitcode == 0 and not self._stopping:
+                return f"API process {process.name} (pid {process.pid}) exited unasked"
+        for process in engine_processes:
+            if process.exitcode is not None:
+                return f"the engine core (pid {process.pid}) exited with {process.exitcode}"
+        return None
+
+
+def mark_process_dead(pid: int | None) -> None:
+    """Drop a finished process's live gauges from the group's metrics."""
+    from prometheus_client import multiprocess
+
+    if pid is not None:
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def run_api_process(listen_address: str, listening: socket.socket, args: Any, client: dict[str, Any]) -> None:
+    """One API process of the group (spawned by vLLM's APIServerProcessManager)."""
+    from llmserve.app import create_app
+    from llmserve.engine.vllm_group import connect_vllm_engine
+    from llmserve.server import run_http
+
+    config, shared = args
+    index = client["client_index"]
+    configure_logging(config.server.log_level, f"api-{index}")
+
+    def starter(server_config: Config) -> Any:
+        return connect_vllm_engine(server_config.engine, server_config.server.served_model_name, client)
+
+    app = create_app(config, starter, group=shared)
+    logger.info("API process %d serving on %s", index, listen_address)
+    raise SystemExit(run_http(config, app, [listening]))
