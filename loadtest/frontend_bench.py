@@ -11,7 +11,8 @@
    between its requests), --step-duration s per rate, until p99 misses 200 ms, a request fails
    or the rate offered falls short; the highest rate that held is each server's.
 
-Servers: llmserve (one API process), `vllm serve`, and `vllm serve --api-server-count 2`. On a
+Servers: llmserve with one and with two API processes (server.api_processes), `vllm serve`, and
+`vllm serve --api-server-count 2`. On a
 2-core machine the load generator, the API process(es) and the engine core share two cores: the
 CPU per process is what says what a 16-core GPU node would need. Writes
 results/frontend/frontend.json and docs/benchmarks/frontend.md. Loopback only, bounded in time.
@@ -40,6 +41,7 @@ from typing import Any
 
 import psutil
 
+from llmserve.server_group import API_PROCESS_PREFIX
 from loadtest.bench_driver import percentile
 from loadtest.report import publish
 from loadtest.server_process import REPO, ServerProcess, start_server, start_vllm_serve
@@ -48,7 +50,7 @@ CPU_PROFILE = REPO / "configs" / "cpu-smollm2.yaml"
 SIM_PROFILE = REPO / "configs" / "sim-h200-smollm2.yaml"
 SLO_P99_S = 0.200
 PROMPT = "The capital of France is"
-SERVERS = ("llmserve", "vllm serve", "vllm serve x2")
+SERVERS = ("llmserve", "llmserve x2", "vllm serve", "vllm serve x2")
 
 
 @dataclass
@@ -73,8 +75,9 @@ def body(model: str) -> str:
     return json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True})
 
 
-def role(process: psutil.Process, root_pid: int) -> str:
-    """What a process of a server's tree is: API server(s), vLLM's engine core, its model worker."""
+def role(process: psutil.Process, root_pid: int, group: bool) -> str:
+    """What a process of a server's tree is: API process, vLLM's engine core, its model worker, or
+    (with several API processes) the supervisor that started them."""
     try:
         title = f"{process.name()} {' '.join(process.cmdline())}"
     except psutil.Error:
@@ -83,16 +86,19 @@ def role(process: psutil.Process, root_pid: int) -> str:
         return "engine core"
     if "Worker" in title:
         return "model worker"  # vLLM's CPU executor runs the forward pass in a worker process
-    if process.pid == root_pid or "APIServer" in title or "api_server" in title or "llmserve" in title:
+    if "APIServer" in title or process.name().startswith(API_PROCESS_PREFIX):
         return "API"
+    if process.pid == root_pid:
+        return "supervisor" if group else "API"
     return "other"
 
 
 class CpuMeter:
     """CPU seconds each process of a server's tree (and the load generator) spent in a window."""
 
-    def __init__(self, server: ServerProcess) -> None:
+    def __init__(self, server: ServerProcess, group: bool) -> None:
         self.server = server
+        self.group = group
         self.start = self._sample()
 
     def _sample(self) -> dict[int, tuple[str, float]]:
@@ -100,7 +106,10 @@ class CpuMeter:
         for process in self.server.processes():
             try:
                 times = process.cpu_times()
-                samples[process.pid] = (role(process, self.server.process.pid), times.user + times.system)
+                samples[process.pid] = (
+                    role(process, self.server.process.pid, self.group),
+                    times.user + times.system,
+                )
             except psutil.Error:
                 continue
         return samples
@@ -168,6 +177,8 @@ def serving(name: str, profile: Path, tmp: Path) -> Iterator[ServerProcess]:
     log = tmp / f"{name.replace(' ', '-')}-{profile.stem}.log"
     if name == "llmserve":
         server = start_server(log, "--config", str(profile))
+    elif name == "llmserve x2":
+        server = start_server(log, "--config", str(profile), "--set", "server.api_processes=2")
     elif name == "vllm serve":
         server = start_vllm_serve(log, profile)
     else:
@@ -189,7 +200,7 @@ def model_name(profile: Path) -> str:
 def measure(
     server: ServerProcess, engine: str, name: str, offered: float | None, run: Callable[[], tuple[int, ...]]
 ) -> Measurement:
-    meter = CpuMeter(server)
+    meter = CpuMeter(server, group=name.endswith(" x2"))
     generator_before = child_cpu_s()
     requests, errors, rps, p50, p99 = run()
     cpu = meter.per_request(requests - errors, child_cpu_s() - generator_before)
@@ -299,8 +310,8 @@ def markdown(cpu_rows: list[Measurement], sim_rows: list[Measurement], names: li
         )
     lines += [
         "",
-        "llmserve with N API processes over one engine core (`server.api_processes`) is not built yet: "
-        "`vllm serve x2` is vLLM's own `--api-server-count 2` on the same engine, for comparison.",
+        "`llmserve x2` is `server.api_processes: 2` (two API processes over one engine core, "
+        "docs/operations.md); `vllm serve x2` is vLLM's own `--api-server-count 2` on the same engine.",
     ]
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ Kubernetes) restarts the whole group.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -34,6 +35,8 @@ from llmserve.policy.shared_state import SharedState
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 1.0
+API_PROCESS_PREFIX = "llmserve-api-"
+PR_SET_NAME = 15
 # After the API processes' own drain deadline, how long the supervisor waits before killing.
 EXIT_GRACE_S = 15.0
 
@@ -177,6 +180,7 @@ def run_api_process(listen_address: str, listening: socket.socket, args: Any, cl
 
     config, shared = args
     index = client["client_index"]
+    name_process(f"{API_PROCESS_PREFIX}{index}")
     configure_logging(config.server.log_level, f"api-{index}")
 
     def starter(server_config: Config) -> Any:
@@ -185,3 +189,10 @@ def run_api_process(listen_address: str, listening: socket.socket, args: Any, cl
     app = create_app(config, starter, group=shared)
     logger.info("API process %d serving on %s", index, listen_address)
     raise SystemExit(run_http(config, app, [listening]))
+
+
+def name_process(name: str) -> None:
+    """The name `ps`, `top` and psutil show (Linux; at most 15 bytes)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
