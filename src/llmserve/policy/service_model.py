@@ -61,6 +61,7 @@ class ServiceModel:
         self._share_quantile: float | None = None
         self._errors: deque[float] = deque(maxlen=CORRECTION_WINDOW)
         self._base, self._per_sequence = PRIOR_BASE_S, PRIOR_PER_SEQUENCE_S
+        self._fitted = True  # observations arrive per token, reads per request: fit on read
         self.correction = 1.0
 
     def observe_step(self, batch: int, seconds: float) -> None:
@@ -76,7 +77,7 @@ class ServiceModel:
         self._sum_s = self._sum_s * FORGETTING + seconds
         self._sum_bb = self._sum_bb * FORGETTING + batch * batch
         self._sum_bs = self._sum_bs * FORGETTING + batch * seconds
-        self._fit()
+        self._fitted = False
 
     def observe_prefill(self, prompt_tokens: int, seconds: float, batch: int) -> None:
         """`seconds` from admission to the first token, which also waited for one step at `batch`.
@@ -103,6 +104,8 @@ class ServiceModel:
 
     def step_s(self, batch: int) -> float:
         """One step at `batch`, as requests see it (corrected by what they really took)."""
+        if not self._fitted:
+            self._fit()
         return (self._base + self._per_sequence * max(1, batch)) * self.correction
 
     def prefill_s(self, prompt_tokens: int) -> float:
@@ -141,8 +144,11 @@ class ServiceModel:
         if spread > 1e-6:
             self._per_sequence = max(0.0, (sum_bs / weight - mean_b * mean_s) / spread)
         self._base = max(1e-4, mean_s - self._per_sequence * mean_b)
+        self._fitted = True
 
     def describe(self) -> str:
+        if not self._fitted:
+            self._fit()
         return (
             f"step {self._base * 1000:.1f} ms + {self._per_sequence * 1000:.2f} ms per running sequence, "
             f"prefill {self._prefill_per_token.value * 1e6:.0f} µs per prompt token, "
