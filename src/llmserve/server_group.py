@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Iterator
 from multiprocessing import connection
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -48,8 +49,13 @@ def serve_group(config: Config) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="llmserve-metrics-")
     # Read by prometheus_client when each spawned process imports it.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    listening = bind(config.server.host, config.server.port)
-    supervisor = Supervisor(config.server.shutdown_timeout_s)
+    try:
+        listening = bind(config.server.host, config.server.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.server.host, config.server.port, exc.strerror)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        return 1
+    supervisor = Supervisor()
     logger.info(
         "llmserve starting %d API processes on http://%s:%d over one engine core; loading model %s",
         count,
@@ -96,29 +102,21 @@ class StartupInterruptedError(Exception):
 
 
 class Supervisor:
-    def __init__(self, shutdown_timeout_s: float) -> None:
-        self._shutdown_timeout_s = shutdown_timeout_s
+    def __init__(self) -> None:
         self._api_processes: list[BaseProcess] = []
         self._stopping = False
-        self._signals = 0
 
-    def signals(self) -> Any:
-        supervisor = self
-
-        class _Handlers:
-            def __enter__(self) -> None:
-                self.previous = {
-                    sig: signal.signal(sig, supervisor._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-                }
-
-            def __exit__(self, *_: object) -> None:
-                for sig, handler in self.previous.items():
-                    signal.signal(sig, handler)
-
-        return _Handlers()
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT go to `_on_signal` while the group runs."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self._signals += 1
         if not self._api_processes:  # still starting: stop at once
             raise StartupInterruptedError()
         logger.info("received %s: the API processes drain", signal.Signals(signum).name)
