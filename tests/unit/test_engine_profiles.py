@@ -134,9 +134,9 @@ def test_ngram_speculation_maps_to_vllms_speculative_config_with_its_batch_size_
     }
     assert schedule[0][0] == 1, "the schedule starts at a batch of one"
     assert schedule[-1][1] >= config.max_num_seqs, "and covers every batch the engine can run"
-    assert [tokens for *_, tokens in schedule] == sorted((t for *_, t in schedule), reverse=True), (
-        "fewer drafted tokens as the batch grows"
-    )
+    # Derived from measurement (make bench-spec), not assumed monotone: past 32 streams 4 tokens
+    # measured as fast as 2 (both ~0.58x plain), and the rule keeps what the run measured.
+    assert schedule[0][2] == max(tokens for *_, tokens in schedule), "most drafted for one stream"
 
 
 def test_suffix_decoding_maps_to_vllms_speculative_config() -> None:
