@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -262,25 +262,31 @@ def import_async_llm() -> type[AsyncLLM]:
     return AsyncLLM
 
 
-@asynccontextmanager
-async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> AsyncIterator[VllmEngine]:
-    """Start AsyncLLM (spawning its engine-core process) and shut it down on exit."""
+def prepare_engine_start(config: EngineConfig) -> None:
+    """Before vLLM starts an engine core: the model is there and fits, the environment vLLM's
+    processes read is set, and they are spawned through the process-group launcher."""
     check_model_dir(config.model)
     check_model_fit(config)
     apply_process_environment(config)
     process_group.use_launcher()
-    # Importing vLLM and building the engine take ~45 s of blocking work: keep it off the event
-    # loop so /health answers during start-up. AsyncLLM starts its loop tasks on first use.
-    # The thread that spawns the engine core lives as long as the engine: the kernel's
-    # parent-death signal (engine/process_group.py) follows the spawning thread, not the process.
+
+
+@asynccontextmanager
+async def run_async_llm(build: Callable[[type[AsyncLLM]], AsyncLLM]) -> AsyncIterator[VllmEngine]:
+    """An AsyncLLM made by `build` (given the class) behind the EngineClient protocol; shut
+    down on exit.
+
+    Importing vLLM and building the engine take ~45 s of blocking work: keep it off the event
+    loop so /health answers during start-up. AsyncLLM starts its loop tasks on first use. The
+    thread that spawns the engine core lives as long as the engine: the kernel's parent-death
+    signal (engine/process_group.py) follows the spawning thread, not the process."""
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-engine") as engine_thread:
         # Imported in a call of its own: some module vLLM imports keeps a frame alive, and every
         # frame it chains back to would keep the AsyncLLM alive until interpreter exit, where its
         # __del__ fails on torn-down modules.
         async_llm = await loop.run_in_executor(engine_thread, import_async_llm)
-        engine_args = build_engine_args(config, served_model_name)
-        llm = await loop.run_in_executor(engine_thread, async_llm.from_engine_args, engine_args)
+        llm = await loop.run_in_executor(engine_thread, build, async_llm)
         engine = VllmEngine(llm)
         try:
             yield engine
@@ -291,3 +297,12 @@ async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> Asy
             # when the modules it calls are already torn down.
             del llm
             gc.collect()
+
+
+@asynccontextmanager
+async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> AsyncIterator[VllmEngine]:
+    """Start AsyncLLM (spawning its engine-core process) and shut it down on exit."""
+    prepare_engine_start(config)
+    engine_args = build_engine_args(config, served_model_name)
+    async with run_async_llm(lambda async_llm: async_llm.from_engine_args(engine_args)) as engine:
+        yield engine

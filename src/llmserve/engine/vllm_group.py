@@ -11,31 +11,28 @@ The engine core sends its scheduler stats to one front end only, so `vllm:*` is 
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from functools import partial
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from llmserve.engine import process_group
-from llmserve.engine.model_fit import check_model_fit
-from llmserve.engine.model_store import check_model_dir
 from llmserve.engine.vllm_engine import (
     VllmEngine,
     apply_process_environment,
     build_engine_args,
-    import_async_llm,
+    prepare_engine_start,
+    run_async_llm,
 )
 from llmserve.engine_config import EngineConfig
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+SUPERVISOR_RANK = -1  # vLLM's `_api_process_rank` of the process that launches the engine core
 
 # Target of each API process: (listen address, the shared listening socket, our arguments,
 # vLLM's client config) -> None; a top-level function, since the processes are spawned.
@@ -63,19 +60,12 @@ def launch_api_group(
 ) -> Iterator[ApiGroup]:
     """Start the engine core and `count` API processes; stop both on exit (API processes first).
     Returns once the engine core has started (its handshake), or raises if any process died."""
-    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
     from vllm.v1.executor import Executor
     from vllm.v1.utils import APIServerProcessManager
 
-    check_model_dir(config.model)
-    check_model_fit(config)
-    apply_process_environment(config)
-    process_group.use_launcher()
-    engine_args = build_engine_args(config, served_model_name)
-    engine_args._api_process_count = count
-    engine_args._api_process_rank = -1  # the supervisor
-    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    prepare_engine_start(config)
+    vllm_config = group_vllm_config(config, served_model_name, count, SUPERVISOR_RANK)
     listeners = bind_engine_zmq_listeners(vllm_config, count)
     api_manager: APIServerProcessManager | None = None
     engine_manager = None
@@ -125,43 +115,27 @@ async def connect_vllm_engine(
     count, index = client.pop("client_count"), client.pop("client_index")
     apply_process_environment(config)
 
-    loop = asyncio.get_running_loop()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-engine") as engine_thread:
-        # As in start_vllm_engine: AsyncLLM imported in a call of its own, or a frame of the
-        # import keeps the engine alive until interpreter exit.
-        async_llm = await loop.run_in_executor(engine_thread, import_async_llm)
-        vllm_config, usage = await loop.run_in_executor(
-            engine_thread, _client_vllm_config, config, served_model_name, count, index
+    def connect(async_llm: type[AsyncLLM]) -> AsyncLLM:
+        from vllm.usage.usage_lib import UsageContext
+
+        return async_llm.from_vllm_config(
+            vllm_config=group_vllm_config(config, served_model_name, count, index),
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            disable_log_stats=False,
+            client_addresses=client,
+            client_count=count,
+            client_index=index,
         )
-        llm = await loop.run_in_executor(
-            engine_thread,
-            partial(
-                async_llm.from_vllm_config,
-                vllm_config=vllm_config,
-                usage_context=usage,
-                disable_log_stats=False,
-                client_addresses=client,
-                client_count=count,
-                client_index=index,
-            ),
-        )
-        engine = VllmEngine(llm)
-        try:
-            yield engine
-        finally:
-            engine.release()
-            llm.shutdown()
-            del llm
-            gc.collect()
+
+    async with run_async_llm(connect) as engine:
+        yield engine
 
 
-def _client_vllm_config(
-    config: EngineConfig, served_model_name: str, count: int, index: int
-) -> tuple[VllmConfig, UsageContext]:
+def group_vllm_config(config: EngineConfig, served_model_name: str, count: int, rank: int) -> VllmConfig:
+    """vLLM's config as front end `rank` of `count` (SUPERVISOR_RANK: the supervisor's)."""
     from vllm.usage.usage_lib import UsageContext
 
     engine_args = build_engine_args(config, served_model_name)
     engine_args._api_process_count = count
-    engine_args._api_process_rank = index
-    usage = UsageContext.OPENAI_API_SERVER
-    return engine_args.create_engine_config(usage_context=usage), usage
+    engine_args._api_process_rank = rank
+    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)

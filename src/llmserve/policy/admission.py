@@ -161,7 +161,7 @@ class Admission:
         cannot be served in time. A caller cancelled while waiting leaves the queue; one cancelled
         just as it was admitted gives its place back."""
         self.check(ticket)
-        if not self._waiting and self._fits(ticket, self._clock()) and self._take(ticket):
+        if not self._waiting and self._take(ticket, self._clock()):
             self._start(ticket)
             return
         self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
@@ -196,15 +196,6 @@ class Admission:
                 self.model.observe_service(ticket.predicted_s, self._clock() - ticket.admitted_at)
         self._admit_waiters()
 
-    def _take(self, ticket: Ticket) -> bool:
-        """Take the ticket's room in the engine, if it is still there (another API process of
-        the group may have taken it since `_fits` looked)."""
-        if not self.config.enabled:
-            return self._load.try_take(ticket.sequences, ticket.kv_tokens, sys.maxsize, None)
-        return self._load.try_take(
-            ticket.sequences, ticket.kv_tokens, self._batch_limit(), self.kv_capacity_tokens
-        )
-
     def _start(self, ticket: Ticket) -> None:
         """Run a ticket whose room `_take` took."""
         ticket.admitted_at = self._clock()
@@ -223,7 +214,7 @@ class Admission:
         deadline at the batch running now is refused, rather than left to block those behind."""
         now = self._clock()
         while (head := self._waiting.peek()) is not None:
-            if self._fits(head, now) and self._take(head):
+            if self._take(head, now):
                 self._start(self._waiting.pop())
             elif self._too_late(head, now, self._batch_limit()):
                 self._waiting.pop()
@@ -247,16 +238,22 @@ class Admission:
 
     def _fits(self, ticket: Ticket, now: float) -> bool:
         """Room now: slots and KV for it within the batch limit, and time to finish by its
-        deadline even once the batch has grown to that limit."""
-        if not self.config.enabled or self.running == 0:
-            return True  # alone it is served, whatever its targets
+        deadline even once the batch has grown to that limit. Alone it is served, whatever its
+        targets."""
+        return self._room(ticket, now, self._load.has_room)
+
+    def _take(self, ticket: Ticket, now: float) -> bool:
+        """Take the room `_fits` describes, checked again as it is taken: another API process
+        of the group may have taken it since anyone looked."""
+        return self._room(ticket, now, self._load.try_take)
+
+    def _room(self, ticket: Ticket, now: float, claim: Callable[[int, int, int, int | None], bool]) -> bool:
+        if not self.config.enabled:
+            return claim(ticket.sequences, ticket.kv_tokens, sys.maxsize, None)
         limit = self._batch_limit()
-        if self.running + ticket.sequences > limit:
+        if self.running > 0 and self._too_late(ticket, now, limit):
             return False
-        capacity = self.kv_capacity_tokens
-        if capacity is not None and self._load.kv_tokens + ticket.kv_tokens > capacity:
-            return False
-        return not self._too_late(ticket, now, limit)
+        return claim(ticket.sequences, ticket.kv_tokens, limit, self.kv_capacity_tokens)
 
     def _too_late(self, ticket: Ticket, now: float, limit: int) -> bool:
         deadline = ticket.deadline_at

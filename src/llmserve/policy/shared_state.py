@@ -39,17 +39,22 @@ class EngineLoad:
     def kv_tokens(self) -> int:
         return self._cells[LOAD_KV_TOKENS]
 
+    def has_room(self, sequences: int, kv_tokens: int, limit: int, kv_capacity: int | None) -> bool:
+        """A request fits beside what runs: within `limit` sequences and the KV capacity (alone
+        it always fits)."""
+        running = self._cells[LOAD_SEQUENCES]
+        if running == 0:
+            return True
+        fits_kv = kv_capacity is None or self._cells[LOAD_KV_TOKENS] + kv_tokens <= kv_capacity
+        return running + sequences <= limit and fits_kv
+
     def try_take(self, sequences: int, kv_tokens: int, limit: int, kv_capacity: int | None) -> bool:
-        """Take room for a request if it fits beside what runs (alone it always fits)."""
+        """Take room for a request if it has room (checked and taken under the lock)."""
         with self._lock:
-            running, kv = self._cells[LOAD_SEQUENCES], self._cells[LOAD_KV_TOKENS]
-            if running > 0:
-                if running + sequences > limit:
-                    return False
-                if kv_capacity is not None and kv + kv_tokens > kv_capacity:
-                    return False
-            self._cells[LOAD_SEQUENCES] = running + sequences
-            self._cells[LOAD_KV_TOKENS] = kv + kv_tokens
+            if not self.has_room(sequences, kv_tokens, limit, kv_capacity):
+                return False
+            self._cells[LOAD_SEQUENCES] += sequences
+            self._cells[LOAD_KV_TOKENS] += kv_tokens
             return True
 
     def give_back(self, sequences: int, kv_tokens: int) -> None:
