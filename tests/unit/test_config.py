@@ -104,3 +104,11 @@ def test_explicit_dtype_is_passed_through_unchanged() -> None:
 
     config = load_config(None, parse_overrides(["engine.dtype=bfloat16"]))
     assert resolve_dtype(config.engine) == "bfloat16"
+
+
+def test_several_api_processes_need_the_vllm_engine_and_stay_within_bounds() -> None:
+    with pytest.raises(ConfigError, match="api_processes > 1 shares one vLLM engine core"):
+        load_config(None, {"server": {"api_processes": 2}, "engine": {"backend": "transformers"}})
+    with pytest.raises(ConfigError, match=r"server\.api_processes"):
+        load_config(None, {"server": {"api_processes": 0}})
+    assert load_config(None, {"server": {"api_processes": 4}}).server.api_processes == 4
