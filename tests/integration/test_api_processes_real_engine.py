@@ -39,6 +39,12 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "--set", f"auth.api_keys={keys}", "--set", f"auth.requests_per_minute={REQUESTS_PER_MINUTE}",
             "--set", f"admission.max_in_flight={MAX_IN_FLIGHT}")  # fmt: skip
     with running_server(tmp_path_factory, "api-processes", *args) as process:
+        # /ready answers from whichever process accepts first; the other may still be connecting
+        # to the engine core (it takes no connection until it listens).
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while process.log().count("llmserve ready on") < 2:
+            assert time.monotonic() < deadline, "the second API process never became ready"
+            time.sleep(0.2)
         yield process
 
 
