@@ -14,8 +14,9 @@ side by side in one run, on the same model, engine arguments and seeded requests
    server measured them (llmserve_rejection_latency_seconds), and false refusals (refused at a
    load where a server without admission answered every request within T).
 
-Writes results/goodput/{goodput.json,goodput.png} and docs/benchmarks/overload.md. Loopback only,
-bounded in count and time.
+Writes results/goodput/{goodput.json,goodput.png,logs/} and docs/benchmarks/overload.md (a partial
+run, with --capacity or fewer --servers, leaves the docs alone). Loopback only, bounded in count
+and time.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import json
 import math
 import random
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +34,14 @@ from pathlib import Path
 import httpx
 
 from loadtest.bench_driver import percentile
-from loadtest.prom import Scrape, bucket_deltas, histogram_quantile
+from loadtest.prom import Scrape, bucket_deltas, delta, histogram_quantile
 from loadtest.report import BENCHMARK_DOCS, benchmark_image, publish
 from loadtest.server_process import REPO, ServerProcess, start_server, start_vllm_serve
 from loadtest.workload import seeded_prompt
 
 MODEL = "SmolLM2-135M-Instruct"
 PROFILE = REPO / "configs" / "cpu-smollm2.yaml"
+DEFAULT_SERVERS = "vllm,off,slo"
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Row:
     admitted_p99_s: float
     refusal_p99_client_ms: float
     refusal_p99_server_ms: float | None
+    refused_after_waiting: int | None  # llmserve's count of slow refusals (queued, then refused)
     false_refusals: int | None = None
 
 
@@ -138,6 +140,13 @@ def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None) -> float 
     return None if p99 is None else p99 * 1000
 
 
+def refused_after_waiting(before: Scrape | None, after: Scrape | None) -> int | None:
+    if before is None or after is None or not after.has("llmserve_requests_total"):
+        return None
+    reason = "overloaded_after_waiting"
+    return round(delta(after, before, "llmserve_rejections_total", reason=reason))
+
+
 def row(
     server: str,
     load: str,
@@ -166,6 +175,7 @@ def row(
         admitted_p99_s=percentile(ok, 99),
         refusal_p99_client_ms=percentile(refused, 99),
         refusal_p99_server_ms=refusal_p99_server_ms(before, after),
+        refused_after_waiting=refused_after_waiting(before, after),
     )
 
 
@@ -209,11 +219,13 @@ def run_server(
     try:
         server.wait_ready(600)
         asyncio.run(closed_loop(server.base_url, 4, 3, args))  # warm
-        for index, multiple in enumerate(args.loads):
+        for multiple in args.loads:
             rate = multiple * capacity
             print(f"[{name}] {multiple:g}x capacity: {rate:.1f} req/s for {args.duration:g} s", flush=True)
             before = scrape(server)
-            outcomes = asyncio.run(poisson(server.base_url, rate, args.duration, args.seed + index, args))
+            # Seeded by the load, so that a partial run (--loads) offers the same requests at it.
+            seed = args.seed + round(multiple * 100)
+            outcomes = asyncio.run(poisson(server.base_url, rate, args.duration, seed, args))
             wait_idle(server, args.timeout)
             rows.append(
                 row(name, f"{multiple:g}x", rate, args.duration, outcomes, slo_s, before, scrape(server))
@@ -244,17 +256,18 @@ def table(rows: list[Row]) -> str:
     lines = [
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
-        "false 429 |",
-        "| --- | --- " + "| ---: " * 13 + "|",
+        "429 after waiting | false 429 |",
+        "| --- | --- " + "| ---: " * 14 + "|",
     ]
     for r in rows:
         server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
         false = "n/a" if r.false_refusals is None else str(r.false_refusals)
+        slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "
             f"{r.failed} | {r.goodput_rps:.2f} | {r.throughput_rps:.2f} | {r.admitted_p50_s:.2f} | "
-            f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | {false} |"
+            f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | {slow} | {false} |"
         )
     return "\n".join(lines)
 
@@ -296,40 +309,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64, help="closed-loop clients for the capacity")
     parser.add_argument("--max-tokens", type=lambda s: tuple(int(x) for x in s.split(",")), default=(16, 48))
     parser.add_argument("--e2e-slo", type=float, help="seconds; default 2 x e2e p50 at capacity")
+    parser.add_argument(
+        "--capacity", type=float, help="req/s, measured before (skips step 1; needs --e2e-slo)"
+    )
     parser.add_argument("--burst", type=float, default=2.0, help="burst size in units of capacity x SLO")
     parser.add_argument("--idle", type=float, default=30.0)
     parser.add_argument("--timeout", type=float, help="client timeout; default 3 x SLO")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--servers", default="vllm,off,slo")
+    parser.add_argument("--servers", default=DEFAULT_SERVERS)
     parser.add_argument("--out", type=Path, default=REPO / "results" / "goodput")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="llmserve-goodput-") as tmp:
-        workdir = Path(tmp)
+    if args.capacity is not None and args.e2e_slo is None:
+        parser.error("--capacity needs --e2e-slo")
+    workdir = args.out / "logs"  # the servers' logs, kept for reading after the run
+    workdir.mkdir(exist_ok=True)
+    if args.capacity is None:
         capacity, full_batch_p50 = measure_capacity(args, workdir)
-        slo_s = args.e2e_slo or max(0.5, math.ceil(2 * full_batch_p50 * 2) / 2)
-        args.timeout = args.timeout or 3 * slo_s
-        print(
-            f"capacity {capacity:.1f} req/s (e2e p50 {full_batch_p50:.2f} s at {args.clients} clients); "
-            f"SLO e2e {slo_s:g} s",
-            flush=True,
-        )
-        servers = {
-            "vllm": ("vllm serve", lambda: start_vllm_serve(workdir / "vllm.log", PROFILE)),
-            "off": (
-                "llmserve, no admission",
-                lambda: start_server(workdir / "off.log", "--set", "admission.enabled=false"),
-            ),
-            "slo": (
-                f"llmserve, SLO admission (e2e {slo_s:g} s)",
-                lambda: start_server(workdir / "slo.log", "--set", f"slo.e2e_s={slo_s}"),
-            ),
-        }
-        rows: list[Row] = []
-        for key in args.servers.split(","):
-            name, start = servers[key]
-            rows += run_server(name, start(), args, capacity, slo_s)
+    else:
+        capacity, full_batch_p50 = args.capacity, args.e2e_slo / 2
+    slo_s = args.e2e_slo or max(0.5, math.ceil(2 * full_batch_p50 * 2) / 2)
+    args.timeout = args.timeout or 3 * slo_s
+    print(
+        f"capacity {capacity:.1f} req/s (e2e p50 {full_batch_p50:.2f} s at {args.clients} clients); "
+        f"SLO e2e {slo_s:g} s",
+        flush=True,
+    )
+    servers = {
+        "vllm": ("vllm serve", lambda: start_vllm_serve(workdir / "vllm.log", PROFILE)),
+        "off": (
+            "llmserve, no admission",
+            lambda: start_server(workdir / "off.log", "--set", "admission.enabled=false"),
+        ),
+        "slo": (
+            f"llmserve, SLO admission (e2e {slo_s:g} s)",
+            lambda: start_server(workdir / "slo.log", "--set", f"slo.e2e_s={slo_s}"),
+        ),
+    }
+    rows: list[Row] = []
+    for key in args.servers.split(","):
+        name, start = servers[key]
+        rows += run_server(name, start(), args, capacity, slo_s)
     mark_false_refusals(rows)
     report = table(rows)
     print(report)
@@ -339,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     plot(rows, capacity, args.out / "goodput.png")
+    if args.capacity is not None or args.servers != DEFAULT_SERVERS:
+        print(f"wrote {args.out}/goodput.json and goodput.png (a partial run: docs left as they are)")
+        return 0
     plot(rows, capacity, benchmark_image("overload.png"))
     body = (
         f"Capacity (llmserve without admission, {args.clients} clients back to back, "

@@ -61,7 +61,10 @@ def create_app(
     gateway_metrics.watch_queue(waiting=lambda: admission.waiting, in_flight=permits.in_flight)
     most = config.admission.max_in_flight
     gateway_metrics.watch_service_model(
-        admission.model.step_s, tuple(sorted({1, max(1, most // 4), most})), admission.model.prefill_s
+        admission.model.step_s,
+        tuple(sorted({1, max(1, most // 4), most})),
+        admission.model.prefill_s,
+        headroom=lambda: admission.headroom.share,
     )
     generation = Generation(
         pipeline=Pipeline(config, runtime, permits),

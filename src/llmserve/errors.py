@@ -169,9 +169,11 @@ class OverloadedError(ServingError):
     code = "overloaded"
     rejection = "overloaded"
 
-    def __init__(self, message: str, retry_after_s: int) -> None:
+    def __init__(self, message: str, retry_after_s: int, after_waiting: bool = False) -> None:
         super().__init__(message, headers=retry_after(retry_after_s))
         self.retry_after_s = retry_after_s
+        if after_waiting:  # a slow refusal: the metric tells them apart
+            self.rejection = "overloaded_after_waiting"
 
 
 # 5xx: the server and its engine

@@ -49,6 +49,7 @@ OTHER_ROUTE = "other"
 REJECTION_REASONS = (
     "rate_limited",
     "overloaded",
+    "overloaded_after_waiting",
     "draining",
     "too_large",
     "timeout",
@@ -154,6 +155,13 @@ class GatewayMetrics:
             registry=self.registry,
             multiprocess_mode="livemostrecent",
         )
+        self.headroom = Gauge(
+            "llmserve_admission_queue_headroom",
+            "Share of its wait budget a request may be promised to be queued (steered by outcomes).",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemostrecent",
+        )
         self.waiting = Gauge(
             "llmserve_requests_waiting",
             "Requests waiting in the gateway's admission queue now.",
@@ -191,12 +199,18 @@ class GatewayMetrics:
                 self.rejections.labels(model, route, reason)
 
     def watch_service_model(
-        self, step_s: Callable[[int], float], batches: tuple[int, ...], prefill_s: Callable[[int], float]
+        self,
+        step_s: Callable[[int], float],
+        batches: tuple[int, ...],
+        prefill_s: Callable[[int], float],
+        headroom: Callable[[], float],
     ) -> None:
-        """What admission predicts: the engine's step time at a few batch sizes, prefill cost."""
+        """What admission predicts: the engine's step time at a few batch sizes, prefill cost; and
+        the share of a wait budget it promises."""
         for batch in batches:
             self._read(self.predicted_step.labels(self.model, str(batch)), partial(step_s, batch))
         self._read(self.predicted_prefill.labels(self.model), partial(prefill_s, 1000))
+        self._read(self.headroom.labels(self.model), headroom)
 
     def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[str], int]) -> None:
         """The gauges read the admission queue and the permits held (policy/): counted once, there."""

@@ -211,6 +211,45 @@ async def test_with_an_e2e_target_admission_keeps_running_requests_within_their_
     assert queue.running == 4
 
 
+async def test_queued_requests_that_meet_their_deadline_widen_the_queue_and_late_ones_narrow_it() -> None:
+    clock = FakeClock()
+    queue = admission(clock, slo=SloConfig(e2e_s=2.0), max_in_flight=2, max_waiting=10)
+    first = await run(queue, sequences=2, max_tokens=10)  # 1.2 s to go; a waiter has 2 s - 0.12 s
+    waiter = asyncio.create_task(run(queue, max_tokens=1))
+    await asyncio.sleep(0)
+    assert queue.waiting == 1
+    clock.now += 1.2
+    queue.release(first, completed=True)
+    served = await waiter
+    clock.now += 0.2
+    queue.release(served, completed=True)  # 1.3 s after it arrived: met
+    assert (queue.headroom.met, queue.headroom.missed) == (1, 0)
+    widened = queue.headroom.share
+
+    blockers = [await run(queue, max_tokens=10), await run(queue, max_tokens=10)]
+    late = asyncio.create_task(run(queue, max_tokens=1))
+    await asyncio.sleep(0)
+    assert queue.waiting == 1
+    clock.now += 1.95  # the engine was slower than predicted: the waiter can no longer make it
+    queue.release(blockers[0], completed=True)
+    with pytest.raises(OverloadedError, match="latency target") as refused:
+        await late
+    assert refused.value.rejection == "overloaded_after_waiting"  # a slow refusal, counted apart
+    assert queue.headroom.missed == 1
+    assert queue.headroom.share < widened
+
+
+async def test_the_headroom_decides_how_long_a_wait_the_queue_takes_on() -> None:
+    clock = FakeClock()
+    queue = admission(clock, max_in_flight=1, max_waiting=10, queue_timeout_s=4.0)
+    await run(queue, max_tokens=30)  # 3.3 s to go
+    with pytest.raises(OverloadedError, match=r"wait about 3\.3 s") as refused:
+        queue.check(queue.ticket(1, 10, 10))  # 3.3 s > 0.8 x 4 s
+    assert refused.value.rejection == "overloaded"
+    queue.headroom.share = 1.0  # after many queued requests met their targets
+    queue.check(queue.ticket(1, 10, 10))  # 3.3 s <= 4 s: it may wait
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     base_ms=st.floats(1, 200),

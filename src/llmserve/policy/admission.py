@@ -6,8 +6,9 @@ an SLO, time: at the batch it would join, its predicted time in the engine meets
 and adding it pushes no running request that can still make its deadline past it. A request
 that does not fit waits in a fair queue (priority, then fair across keys) if its predicted wait
 leaves it time to meet its target (without an e2e target: to be admitted within
-`queue_timeout_s`); otherwise it is refused at once, before any engine work, with 429 and a
-Retry-After of the predicted time until it would fit. Predictions come from the ServiceModel,
+`queue_timeout_s`), with a margin steered by how the queued requests fared (policy/headroom.py);
+otherwise it is refused at once, before any engine work, with 429 and a Retry-After of the
+predicted time until it would fit. Predictions come from the ServiceModel,
 which learns from every token the engine produces; there is always one.
 """
 
@@ -24,13 +25,11 @@ from dataclasses import dataclass, field
 from llmserve.config import AdmissionConfig, SloConfig
 from llmserve.errors import OverloadedError
 from llmserve.policy.fair_queue import FairQueue
+from llmserve.policy.headroom import Headroom
 from llmserve.policy.service_model import ServiceModel
 from llmserve.policy.shared_state import EngineLoad
 
 MAX_RETRY_AFTER_S = 60
-# A request waits only if its predicted wait uses at most this share of the time it has: a
-# request refused after waiting is a slow refusal, so the queue takes what it will surely serve.
-QUEUE_CONFIDENCE = 0.8
 # With a group of API processes, how often waiters look for room freed by the others.
 GROUP_POLL_S = 0.005
 
@@ -48,6 +47,7 @@ class Ticket:
     expected_tokens: int = 0
     deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
     admitted_at: float | None = None
+    queued: bool = False  # waited for room: its outcome steers the headroom
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
     generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -108,6 +108,8 @@ class Admission:
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._typical = TypicalRequest()
+        # A request waits only if its predicted wait is within this share of the time it has.
+        self.headroom = Headroom()
 
     @property
     def running(self) -> int:
@@ -149,7 +151,7 @@ class Admission:
         ):
             raise self._refuse(ticket, "The server is at capacity: too many prompt tokens are waiting.")
         wait, budget = self._predicted_wait_s(ticket), self._wait_budget_s(ticket)
-        if self.config.shed_by_estimate and wait > QUEUE_CONFIDENCE * budget:
+        if self.config.shed_by_estimate and wait > self.headroom.share * budget:
             raise self._refuse(
                 ticket,
                 f"The server is overloaded: this request would wait about {wait:.1f} s, "
@@ -164,6 +166,7 @@ class Admission:
         if not self._waiting and self._take(ticket, self._clock()):
             self._start(ticket)
             return
+        ticket.queued = True
         self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
         self._admit_waiters()
         if self._in_group and self._poller is None and not ticket.admitted.done():
@@ -176,7 +179,9 @@ class Admission:
                 return
             self._leave(ticket)
             raise self._refuse(
-                ticket, f"The request waited {budget:.1f} s without room to be served in time."
+                ticket,
+                f"The request waited {budget:.1f} s without room to be served in time.",
+                after_waiting=True,
             ) from None
         except OverloadedError:  # refused while waiting: it could no longer be served in time
             raise
@@ -192,8 +197,11 @@ class Admission:
             self._running.discard(ticket)
             self._load.give_back(ticket.sequences, ticket.kv_tokens)
             if completed and ticket.admitted_at is not None:
+                now = self._clock()
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
-                self.model.observe_service(ticket.predicted_s, self._clock() - ticket.admitted_at)
+                self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
+                if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
+                    self.headroom.observe(ticket.deadline_at is None or now <= ticket.deadline_at)
         self._admit_waiters()
 
     def _start(self, ticket: Ticket) -> None:
@@ -219,7 +227,11 @@ class Admission:
             elif self._too_late(head, now, self._batch_limit()):
                 self._waiting.pop()
                 head.admitted.set_exception(
-                    self._refuse(head, "The request can no longer be served within its latency target.")
+                    self._refuse(
+                        head,
+                        "The request can no longer be served within its latency target.",
+                        after_waiting=True,
+                    )
                 )
             else:
                 return
@@ -339,10 +351,13 @@ class Admission:
             return "its latency target"
         return "the queue deadline"
 
-    def _refuse(self, ticket: Ticket, message: str) -> OverloadedError:
+    def _refuse(self, ticket: Ticket, message: str, after_waiting: bool = False) -> OverloadedError:
         """429 with a Retry-After of when there should be room for it, behind those waiting and
         those refused before it that were told to come back (so a refused burst comes back spread
-        out, not as one herd): when the waiting room has a place, and waiting then leaves it time."""
+        out, not as one herd): when the waiting room has a place, and waiting then leaves it time.
+        A queued request refused after waiting is a miss the headroom learns from."""
+        if after_waiting:
+            self.headroom.observe(met_target=False)
         now = self._clock()
         while self._told_to_retry and self._told_to_retry[0] <= now:
             self._told_to_retry.pop(0)
@@ -353,10 +368,10 @@ class Admission:
             if (position >= self.config.max_waiting)
             else 0.0
         )
-        allowed = QUEUE_CONFIDENCE * max(0.0, self._wait_budget_s(ticket))
+        allowed = self.headroom.share * max(0.0, self._wait_budget_s(ticket))
         retry_after = _seconds(max(room_at, admitted_at - allowed))
         bisect.insort(self._told_to_retry, now + retry_after)
-        return OverloadedError(message, retry_after)
+        return OverloadedError(message, retry_after, after_waiting)
 
 
 def _seconds(wait_s: float) -> int:

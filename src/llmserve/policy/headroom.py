@@ -1,0 +1,39 @@
+"""How much of its wait budget a queued request may be promised, steered by those that waited.
+
+A request that cannot run at once is queued only if its predicted wait is at most `share` of the
+time it has (its latency target less its predicted service; without targets, queue_timeout_s).
+Predictions err both ways and the SLO is a 99th percentile, so the share is steered by outcomes,
+as a congestion window is: each queued request that met its target raises it a little, each that
+missed (finished after its deadline, or refused after waiting) lowers it MISS_COST. At equilibrium
+TARGET_MISS_SHARE of the queued requests miss, and the queue takes as much as that allows: more
+when predictions are pessimistic (fewer false refusals), less when they are optimistic (fewer
+late answers and slow refusals). Never more than the whole budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TARGET_MISS_SHARE = 0.01  # the SLO's percentile: 99 in 100 queued requests meet it
+START_SHARE = 0.8
+SHARE_BOUNDS = (0.3, 1.0)
+MISS_COST = 0.2
+# Balances MISS_COST at the target: (1 - p) * gain = p * cost.
+MET_GAIN = MISS_COST * TARGET_MISS_SHARE / (1 - TARGET_MISS_SHARE)
+
+
+@dataclass
+class Headroom:
+    share: float = START_SHARE
+    met: int = 0
+    missed: int = 0
+
+    def observe(self, met_target: bool) -> None:
+        """A queued request's outcome."""
+        low, high = SHARE_BOUNDS
+        if met_target:
+            self.met += 1
+            self.share = min(high, self.share + MET_GAIN)
+        else:
+            self.missed += 1
+            self.share = max(low, self.share - MISS_COST)
