@@ -20,6 +20,7 @@ from llmserve.engine.base import (
     PositionLogprobs,
     SamplingDefaults,
     SamplingSpec,
+    StepListener,
     TokenizedPrompt,
     TokenLogprob,
 )
@@ -55,6 +56,9 @@ class FakeEngine:
     @property
     def is_dead(self) -> bool:
         return self.dead
+
+    def watch_steps(self, listener: StepListener) -> bool:
+        return False
 
     async def tokenize(self, text: str) -> TokenizedPrompt:
         return TokenizedPrompt(token_ids=tuple(len(word) for word in text.split()), text=text)

@@ -416,3 +416,29 @@ async def test_refusals_of_a_long_burst_are_told_to_come_back_spread_out_and_at_
     assert retry_afters[0] <= 2
     assert retry_afters[-1] == 60, "never more than a minute"
     assert len(set(retry_afters)) > 30, "spread over the coming minute, two or so per second"
+
+
+def test_a_step_that_takes_in_a_crowd_of_prompts_is_not_learned_as_the_usual_step_time() -> None:
+    model = known_model(0.1, 0.01)
+    usual = model.step_s(8)
+    for _ in range(50):  # steady traffic: a prompt or two finishes its prefill in most steps
+        model.observe_engine_step(8, usual, prompt_tokens=100)
+    burst_step = 10 * usual  # a burst's prompts, all at once
+    model.observe_engine_step(8, burst_step, prompt_tokens=4000)
+    assert model.step_s(8) == pytest.approx(usual)
+    model.observe_engine_step(8, 1.2 * usual, prompt_tokens=150)  # an ordinary step: learned
+    assert model.step_s(8) > usual
+
+
+async def test_once_the_engine_times_its_steps_admission_learns_from_those() -> None:
+    queue = admission(max_in_flight=64)
+    running = [await run(queue) for _ in range(4)]
+    assert not queue.engine_times_steps
+    before = queue.model.step_s(30)
+    for _ in range(200):  # the engine ran 30 sequences (some admitted by other API processes)
+        queue.observe_engine_step(1.0, engine_running=30, prompt_tokens=0)
+    assert queue.engine_times_steps
+    assert before < 0.5
+    assert queue.model.step_s(30) == pytest.approx(1.0, rel=0.05)
+    for ticket in running:
+        queue.release(ticket, completed=False)

@@ -6,7 +6,7 @@ server's own errors (llmserve/errors.py): EngineDeadError, EngineFailedError, En
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -121,6 +121,11 @@ class ModelInfo:
     kv_cache_tokens: int | None = None  # what the engine's KV cache holds, once it has told
 
 
+# An engine's own timing of its steps: (seconds one step took, sequences it ran, or None when not
+# known to this process; prompt tokens whose prefill it finished).
+StepListener = Callable[[float, int | None, int], None]
+
+
 @runtime_checkable
 class EngineClient(Protocol):
     """A started engine. Start and stop it with the async context manager its module provides."""
@@ -130,6 +135,11 @@ class EngineClient(Protocol):
 
     @property
     def is_dead(self) -> bool: ...
+
+    def watch_steps(self, listener: StepListener) -> bool:
+        """Call `listener` with every step's time by the engine's own clock; False when this
+        engine does not time its steps (then only relayed tokens tell how long steps take)."""
+        ...
 
     async def tokenize(self, text: str) -> TokenizedPrompt: ...
 

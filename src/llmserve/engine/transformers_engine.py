@@ -24,6 +24,7 @@ from llmserve.engine.base import (
     ModelInfo,
     SamplingDefaults,
     SamplingSpec,
+    StepListener,
     TokenizedPrompt,
 )
 from llmserve.engine.dtype import resolve_dtype
@@ -110,6 +111,9 @@ class TransformersEngine(HfTextEngine):
     @property
     def is_dead(self) -> bool:
         return self._failed is not None
+
+    def watch_steps(self, listener: StepListener) -> bool:
+        return False  # static batches: relayed tokens tell admission how long steps take
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str

@@ -18,6 +18,7 @@ from llmserve.engine.base import (
     PositionLogprobs,
     SamplingDefaults,
     SamplingSpec,
+    StepListener,
     TokenizedPrompt,
     TokenLogprob,
 )
@@ -25,6 +26,7 @@ from llmserve.engine.dtype import resolve_dtype
 from llmserve.engine.hf_text import HfTextEngine, TextCodec
 from llmserve.engine.model_fit import check_model_fit
 from llmserve.engine.model_store import check_model_dir
+from llmserve.engine.step_stats import StatLoggers, StepTimes
 from llmserve.engine.step_time import CONFIG_KEY, EXECUTOR_CLASS
 from llmserve.engine_config import EngineConfig, SpeculativeConfig
 from llmserve.errors import EngineDeadError, EngineFailedError, EngineRefusedError
@@ -168,8 +170,9 @@ def _convert_prompt_logprobs(
 class VllmEngine(HfTextEngine):
     """A started AsyncLLM; create it with `start_vllm_engine`."""
 
-    def __init__(self, llm: AsyncLLM) -> None:
+    def __init__(self, llm: AsyncLLM, step_times: StepTimes) -> None:
         self._llm_or_none: AsyncLLM | None = llm
+        self._step_times = step_times
         tokenizer = llm.get_tokenizer()
         self._text = TextCodec(tokenizer)
         self._model_info = ModelInfo(
@@ -200,6 +203,10 @@ class VllmEngine(HfTextEngine):
     @property
     def is_dead(self) -> bool:
         return self._llm_or_none is None or bool(self._llm_or_none.errored)
+
+    def watch_steps(self, listener: StepListener) -> bool:
+        self._step_times.listener = listener
+        return True
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
@@ -272,9 +279,11 @@ def prepare_engine_start(config: EngineConfig) -> None:
 
 
 @asynccontextmanager
-async def run_async_llm(build: Callable[[type[AsyncLLM]], AsyncLLM]) -> AsyncIterator[VllmEngine]:
-    """An AsyncLLM made by `build` (given the class) behind the EngineClient protocol; shut
-    down on exit.
+async def run_async_llm(
+    build: Callable[[type[AsyncLLM], StatLoggers], AsyncLLM],
+) -> AsyncIterator[VllmEngine]:
+    """An AsyncLLM made by `build` (given the class and the stat loggers to pass it) behind the
+    EngineClient protocol; shut down on exit.
 
     Importing vLLM and building the engine take ~45 s of blocking work: keep it off the event
     loop so /health answers during start-up. AsyncLLM starts its loop tasks on first use. The
@@ -286,8 +295,10 @@ async def run_async_llm(build: Callable[[type[AsyncLLM]], AsyncLLM]) -> AsyncIte
         # frame it chains back to would keep the AsyncLLM alive until interpreter exit, where its
         # __del__ fails on torn-down modules.
         async_llm = await loop.run_in_executor(engine_thread, import_async_llm)
-        llm = await loop.run_in_executor(engine_thread, build, async_llm)
-        engine = VllmEngine(llm)
+        step_times = StepTimes()
+        stat_loggers = [step_times.stat_logger_factory()]
+        llm = await loop.run_in_executor(engine_thread, build, async_llm, stat_loggers)
+        engine = VllmEngine(llm, step_times)
         try:
             yield engine
         finally:
@@ -304,5 +315,9 @@ async def start_vllm_engine(config: EngineConfig, served_model_name: str) -> Asy
     """Start AsyncLLM (spawning its engine-core process) and shut it down on exit."""
     prepare_engine_start(config)
     engine_args = build_engine_args(config, served_model_name)
-    async with run_async_llm(lambda async_llm: async_llm.from_engine_args(engine_args)) as engine:
+
+    def build(async_llm: type[AsyncLLM], stat_loggers: StatLoggers) -> AsyncLLM:
+        return async_llm.from_engine_args(engine_args, stat_loggers=stat_loggers)
+
+    async with run_async_llm(build) as engine:
         yield engine

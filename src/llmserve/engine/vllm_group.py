@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
+from llmserve.engine.step_stats import StatLoggers
 from llmserve.engine.vllm_engine import (
     VllmEngine,
     apply_process_environment,
@@ -115,13 +116,14 @@ async def connect_vllm_engine(
     count, index = client.pop("client_count"), client.pop("client_index")
     apply_process_environment(config)
 
-    def connect(async_llm: type[AsyncLLM]) -> AsyncLLM:
+    def connect(async_llm: type[AsyncLLM], stat_loggers: StatLoggers) -> AsyncLLM:
         from vllm.usage.usage_lib import UsageContext
 
         return async_llm.from_vllm_config(
             vllm_config=group_vllm_config(config, served_model_name, count, index),
             usage_context=UsageContext.OPENAI_API_SERVER,
             disable_log_stats=False,
+            stat_loggers=stat_loggers,
             client_addresses=client,
             client_count=count,
             client_index=index,

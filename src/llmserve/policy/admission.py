@@ -108,8 +108,16 @@ class Admission:
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._typical = TypicalRequest()
+        self.engine_times_steps = False
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom()
+
+    def observe_engine_step(self, seconds: float, engine_running: int | None, prompt_tokens: int) -> None:
+        """A step timed by the engine itself (engine/step_stats.py): from then on the model learns
+        step times from these rather than from the gaps between relayed tokens."""
+        self.engine_times_steps = True
+        batch = engine_running if engine_running is not None else self.running
+        self.model.observe_engine_step(batch, seconds, prompt_tokens)
 
     @property
     def running(self) -> int:

@@ -188,7 +188,8 @@ class Permit:
         model, batch = self._admission.model, self._admission.running
         previous = self._last_token_at.get(choice)
         if previous is not None:
-            model.observe_step(batch, (now - previous) / count)
+            if not self._admission.engine_times_steps:
+                model.observe_step(batch, (now - previous) / count)
         elif ticket.admitted_at is not None and not self._last_token_at:
             model.observe_prefill(ticket.prompt_tokens, now - ticket.admitted_at, batch)
         self._last_token_at[choice] = now

@@ -32,6 +32,12 @@ FORGETTING = 0.999  # per step sample: the fit remembers the last few thousand s
 ANCHOR_WEIGHT = 50.0  # the step time alone counts as this many recent samples
 ALONE = 2  # batches up to this size measure the step time alone
 LIGHT_LOAD = 8  # batches up to this size measure a prompt's own prefill cost
+# A step that finished more than this many times the prompt tokens steps usually do (at least
+# USUAL_PREFILL_FLOOR) is a burst's transient, the prompts of a crowd arriving at once: its cost
+# is in those requests' own prefill term, not in the step time every later step will see.
+PREFILL_HEAVY = 4.0
+USUAL_PREFILL_FLOOR = 64
+PREFILL_SMOOTHING = 0.05
 SHARE_WINDOW = 200  # finished requests that estimate the share of max_tokens used
 SHARE_QUANTILE = 0.9
 # Predictions are checked against what finished requests really took: the median of actual /
@@ -64,6 +70,7 @@ class ServiceModel:
         self._share_quantile: float | None = None
         self._errors: deque[float] = deque(maxlen=CORRECTION_WINDOW)
         self._base, self._per_sequence = PRIOR_BASE_S, PRIOR_PER_SEQUENCE_S
+        self._usual_step_prefill = 0.0
         self._fitted = True  # observations arrive per token, reads per request: fit on read
         self.correction = 1.0
 
@@ -81,6 +88,13 @@ class ServiceModel:
         self._sum_bb = self._sum_bb * FORGETTING + batch * batch
         self._sum_bs = self._sum_bs * FORGETTING + batch * seconds
         self._fitted = False
+
+    def observe_engine_step(self, batch: int, seconds: float, prompt_tokens: int) -> None:
+        """A step timed by the engine, which also finished the prefill of `prompt_tokens`."""
+        usual = max(USUAL_PREFILL_FLOOR, self._usual_step_prefill)
+        self._usual_step_prefill += PREFILL_SMOOTHING * (prompt_tokens - self._usual_step_prefill)
+        if prompt_tokens <= PREFILL_HEAVY * usual:
+            self.observe_step(batch, seconds)
 
     def observe_prefill(self, prompt_tokens: int, seconds: float, batch: int) -> None:
         """`seconds` from admission to the first token, which also waited for one step at `batch`.
