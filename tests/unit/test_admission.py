@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -418,18 +419,6 @@ async def test_refusals_of_a_long_burst_are_told_to_come_back_spread_out_and_at_
     assert len(set(retry_afters)) > 30, "spread over the coming minute, two or so per second"
 
 
-def test_a_step_that_takes_in_a_crowd_of_prompts_is_not_learned_as_the_usual_step_time() -> None:
-    model = known_model(0.1, 0.01)
-    usual = model.step_s(8)
-    for _ in range(50):  # steady traffic: a prompt or two finishes its prefill in most steps
-        model.observe_engine_step(8, usual, prompt_tokens=100)
-    burst_step = 10 * usual  # a burst's prompts, all at once
-    model.observe_engine_step(8, burst_step, prompt_tokens=4000)
-    assert model.step_s(8) == pytest.approx(usual)
-    model.observe_engine_step(8, 1.2 * usual, prompt_tokens=150)  # an ordinary step: learned
-    assert model.step_s(8) > usual
-
-
 async def test_once_the_engine_times_its_steps_admission_learns_from_those() -> None:
     queue = admission(max_in_flight=64)
     running = [await run(queue) for _ in range(4)]
@@ -442,3 +431,17 @@ async def test_once_the_engine_times_its_steps_admission_learns_from_those() -> 
     assert queue.model.step_s(30) == pytest.approx(1.0, rel=0.05)
     for ticket in running:
         queue.release(ticket, completed=False)
+
+
+def test_the_engine_steps_teach_a_cost_per_sequence_and_per_prompt_token_taken_in() -> None:
+    model = known_model(0.02, 0.0015)
+    rng = random.Random(7)
+    for _ in range(3000):
+        batch, prompt_tokens = rng.randint(1, 64), rng.choice((0, 0, 0, 80, 160, 4000))
+        model.observe_engine_step(batch, 0.02 + 0.0015 * batch + 0.0002 * prompt_tokens, prompt_tokens)
+    # Predictions are for steps as they usually come: the prompts arriving now are spread over them.
+    for _ in range(200):
+        model.observe_engine_step(64, 0.02 + 0.0015 * 64, 0)
+    assert model.step_s(64) == pytest.approx(0.02 + 0.0015 * 64, rel=0.02)
+    model.observe_engine_step(64, 0.02 + 0.0015 * 64 + 0.0002 * 4000, 4000)  # a burst's prompts
+    assert model.step_s(64) == pytest.approx(0.02 + 0.0015 * 64 + 0.0002 * 4000 * 0.05, rel=0.02)

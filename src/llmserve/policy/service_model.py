@@ -1,20 +1,25 @@
 """How long the engine takes, learned from the tokens the server relays: never "no estimate".
 
-A continuous-batching engine advances every running sequence by one token per step, so a
-request's time is its prefill plus its tokens times the step time at the batch it shares:
+A continuous-batching engine advances every running sequence by one token per step, and takes
+in the prompts of newly admitted requests in the same steps, so a request's time is its prefill
+plus its tokens times the step time at the batch it shares:
 
-    step(b)    = base + per_sequence * b     seconds per step with b sequences running
+    step(b)    = base + per_sequence * b + per_step_prompt_token * q
+                 seconds per step with b sequences running, where q is the prompt tokens steps
+                 usually take in now (a running average over the engine's recent steps)
     prefill(p) = per_prompt_token * p        seconds to take a prompt of p tokens in
     tokens(m)  = ceil(m * share)             tokens a request with max_tokens m really generates
 
-Each relayed delta is a sample of step(b) (its gap over the tokens it carries, at the batch
-running then; under load a step also carries other requests' prefill chunks, so the line
-learns the step time requests really see). The line is a weighted least-squares fit over
-recent samples (older ones fade: the model follows the machine and the traffic of the last
-seconds) anchored at the step time of a sequence running alone, which calibration measures
-before the server reports ready (serving/calibration.py) and light traffic keeps current; so
-an idle period changes nothing and a burst after it meets a real estimate. Each first token is
-a sample of prefill; each finished request, of share.
+vLLM times each step itself (engine/step_stats.py): a sample of (b, prompt tokens it finished,
+seconds); other engines give the gap of each relayed delta over the tokens it carries, at the
+batch running then (no prompt count: those steps learn a line in b alone). The plane is a
+weighted least-squares fit over recent samples (older ones fade: the model follows the machine
+and the traffic of the last seconds) anchored at the step time of a sequence running alone,
+which calibration measures before the server reports ready (serving/calibration.py) and light
+traffic keeps current; so an idle period changes nothing and a burst after it meets a real
+estimate. A burst's prompts make a few steps long; the prompt term explains them, rather than
+every later step being predicted as long. Each first token is a sample of prefill; each
+finished request, of share.
 """
 
 from __future__ import annotations
@@ -32,12 +37,10 @@ FORGETTING = 0.999  # per step sample: the fit remembers the last few thousand s
 ANCHOR_WEIGHT = 50.0  # the step time alone counts as this many recent samples
 ALONE = 2  # batches up to this size measure the step time alone
 LIGHT_LOAD = 8  # batches up to this size measure a prompt's own prefill cost
-# A step that finished more than this many times the prompt tokens steps usually do (at least
-# USUAL_PREFILL_FLOOR) is a burst's transient, the prompts of a crowd arriving at once: its cost
-# is in those requests' own prefill term, not in the step time every later step will see.
-PREFILL_HEAVY = 4.0
-USUAL_PREFILL_FLOOR = 64
-PREFILL_SMOOTHING = 0.05
+PREFILL_SMOOTHING = 0.05  # per engine step: the prompt tokens steps usually take in
+# Below this spread of prompt tokens over the samples the plane is not determined in that
+# direction: the prompt term keeps its last value and the line in b is fitted alone.
+MIN_PROMPT_SPREAD = 1.0
 SHARE_WINDOW = 200  # finished requests that estimate the share of max_tokens used
 SHARE_QUANTILE = 0.9
 # Predictions are checked against what finished requests really took: the median of actual /
@@ -64,37 +67,36 @@ class _Average:
 class ServiceModel:
     def __init__(self) -> None:
         self._alone: _Average | None = None
-        self._weight = self._sum_b = self._sum_s = self._sum_bb = self._sum_bs = 0.0
+        self._sums = _PlaneSums()
         self._prefill_per_token = _Average(PRIOR_PER_PROMPT_TOKEN_S, samples=0)
         self._shares: deque[float] = deque(maxlen=SHARE_WINDOW)
         self._share_quantile: float | None = None
         self._errors: deque[float] = deque(maxlen=CORRECTION_WINDOW)
         self._base, self._per_sequence = PRIOR_BASE_S, PRIOR_PER_SEQUENCE_S
-        self._usual_step_prefill = 0.0
+        self._per_step_prompt_token = 0.0
+        self._usual_step_prompt_tokens = 0.0
         self._fitted = True  # observations arrive per token, reads per request: fit on read
         self.correction = 1.0
 
     def observe_step(self, batch: int, seconds: float) -> None:
+        """A step measured between relayed tokens (the prompts it took in are not known)."""
+        self._observe(batch, 0, seconds)
+
+    def observe_engine_step(self, batch: int, seconds: float, prompt_tokens: int) -> None:
+        """A step timed by the engine, which also finished the prefill of `prompt_tokens`."""
+        self._usual_step_prompt_tokens += PREFILL_SMOOTHING * (prompt_tokens - self._usual_step_prompt_tokens)
+        self._observe(batch, prompt_tokens, seconds)
+
+    def _observe(self, batch: int, prompt_tokens: int, seconds: float) -> None:
         if batch < 1 or not 0 < seconds < 60:
             return
-        if batch <= ALONE:
+        if batch <= ALONE and prompt_tokens == 0:
             if self._alone is None:
                 self._alone = _Average(seconds)
             else:
                 self._alone.add(seconds)
-        self._weight = self._weight * FORGETTING + 1
-        self._sum_b = self._sum_b * FORGETTING + batch
-        self._sum_s = self._sum_s * FORGETTING + seconds
-        self._sum_bb = self._sum_bb * FORGETTING + batch * batch
-        self._sum_bs = self._sum_bs * FORGETTING + batch * seconds
+        self._sums.add(batch, prompt_tokens, seconds, FORGETTING)
         self._fitted = False
-
-    def observe_engine_step(self, batch: int, seconds: float, prompt_tokens: int) -> None:
-        """A step timed by the engine, which also finished the prefill of `prompt_tokens`."""
-        usual = max(USUAL_PREFILL_FLOOR, self._usual_step_prefill)
-        self._usual_step_prefill += PREFILL_SMOOTHING * (prompt_tokens - self._usual_step_prefill)
-        if prompt_tokens <= PREFILL_HEAVY * usual:
-            self.observe_step(batch, seconds)
 
     def observe_prefill(self, prompt_tokens: int, seconds: float, batch: int) -> None:
         """`seconds` from admission to the first token, which also waited for one step at `batch`.
@@ -123,7 +125,8 @@ class ServiceModel:
         """One step at `batch`, as requests see it (corrected by what they really took)."""
         if not self._fitted:
             self._fit()
-        return (self._base + self._per_sequence * max(1, batch)) * self.correction
+        prompt_s = self._per_step_prompt_token * self._usual_step_prompt_tokens
+        return (self._base + self._per_sequence * max(1, batch) + prompt_s) * self.correction
 
     def prefill_s(self, prompt_tokens: int) -> float:
         return self._prefill_per_token.value * prompt_tokens * self.correction
@@ -142,35 +145,80 @@ class ServiceModel:
         return self.prefill_s(prompt_tokens) + tokens * self.step_s(batch)
 
     def _fit(self) -> None:
-        """Weighted least squares over the recent samples and the anchor (alone, at batch 1)."""
-        weight, sum_b, sum_s, sum_bb, sum_bs = (
-            self._weight,
-            self._sum_b,
-            self._sum_s,
-            self._sum_bb,
-            self._sum_bs,
-        )
+        """Weighted least squares over the recent samples and the anchor (alone: batch 1, no
+        prompt), for base, per_sequence and per_step_prompt_token, none of them negative."""
+        sums = self._sums.copy()
         if self._alone is not None:
-            weight += ANCHOR_WEIGHT
-            sum_b += ANCHOR_WEIGHT
-            sum_s += ANCHOR_WEIGHT * self._alone.value
-            sum_bb += ANCHOR_WEIGHT
-            sum_bs += ANCHOR_WEIGHT * self._alone.value
-        mean_b, mean_s = sum_b / weight, sum_s / weight
-        spread = sum_bb / weight - mean_b**2
-        if spread > 1e-6:
-            self._per_sequence = max(0.0, (sum_bs / weight - mean_b * mean_s) / spread)
-        self._base = max(1e-4, mean_s - self._per_sequence * mean_b)
+            sums.add(1, 0, self._alone.value, weight=ANCHOR_WEIGHT)
+        if sums.weight <= 0:
+            self._fitted = True
+            return
+        mean_b, mean_q, mean_s = sums.b / sums.weight, sums.q / sums.weight, sums.s / sums.weight
+        var_b = sums.bb / sums.weight - mean_b**2
+        var_q = sums.qq / sums.weight - mean_q**2
+        cov_bq = sums.bq / sums.weight - mean_b * mean_q
+        cov_bs = sums.bs / sums.weight - mean_b * mean_s
+        cov_qs = sums.qs / sums.weight - mean_q * mean_s
+        per_sequence, per_prompt_token = self._per_sequence, self._per_step_prompt_token
+        determinant = var_b * var_q - cov_bq**2
+        if var_q <= MIN_PROMPT_SPREAD or determinant <= 1e-9 * var_b * var_q:
+            # The prompt direction is not determined: keep its term, fit the line in b.
+            if var_b > 1e-6:
+                per_sequence = (cov_bs - per_prompt_token * cov_bq) / var_b
+        else:
+            per_sequence = (cov_bs * var_q - cov_qs * cov_bq) / determinant
+            per_prompt_token = (cov_qs * var_b - cov_bs * cov_bq) / determinant
+            # A negative slope is noise: pin it at 0 and fit the other direction alone.
+            if per_prompt_token < 0:
+                per_prompt_token = 0.0
+                per_sequence = cov_bs / var_b if var_b > 1e-6 else self._per_sequence
+            elif per_sequence < 0:
+                per_sequence = 0.0
+                per_prompt_token = max(0.0, cov_qs / var_q)
+        per_sequence = max(0.0, per_sequence)
+        self._per_sequence, self._per_step_prompt_token = per_sequence, per_prompt_token
+        self._base = max(1e-4, mean_s - per_sequence * mean_b - per_prompt_token * mean_q)
         self._fitted = True
 
     def describe(self) -> str:
         if not self._fitted:
             self._fit()
         return (
-            f"step {self._base * 1000:.1f} ms + {self._per_sequence * 1000:.2f} ms per running sequence, "
+            f"step {self._base * 1000:.1f} ms + {self._per_sequence * 1000:.2f} ms per running sequence "
+            f"+ {self._per_step_prompt_token * 1e6:.0f} µs per prompt token it takes in "
+            f"(usually {self._usual_step_prompt_tokens:.0f}), "
             f"prefill {self._prefill_per_token.value * 1e6:.0f} µs per prompt token, "
             f"correction x{self.correction:.2f}"
         )
+
+
+@dataclass
+class _PlaneSums:
+    """Weighted sums of the samples (b, q, s) that a least-squares plane s = f(b, q) needs."""
+
+    weight: float = 0.0
+    b: float = 0.0
+    q: float = 0.0
+    s: float = 0.0
+    bb: float = 0.0
+    qq: float = 0.0
+    bq: float = 0.0
+    bs: float = 0.0
+    qs: float = 0.0
+
+    def add(self, b: float, q: float, s: float, forgetting: float = 1.0, weight: float = 1.0) -> None:
+        self.weight = self.weight * forgetting + weight
+        self.b = self.b * forgetting + weight * b
+        self.q = self.q * forgetting + weight * q
+        self.s = self.s * forgetting + weight * s
+        self.bb = self.bb * forgetting + weight * b * b
+        self.qq = self.qq * forgetting + weight * q * q
+        self.bq = self.bq * forgetting + weight * b * q
+        self.bs = self.bs * forgetting + weight * b * s
+        self.qs = self.qs * forgetting + weight * q * s
+
+    def copy(self) -> _PlaneSums:
+        return _PlaneSums(**vars(self))
 
 
 def _quantile(values: deque[float], quantile: float) -> float:
