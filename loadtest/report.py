@@ -63,7 +63,11 @@ def commit() -> str:
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+            # The tables and images benchmarks write themselves are no change to the code measured.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/benchmarks"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         return head + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmserve.policy.headroom import MET_GAIN, MISS_COST, SHARE_BOUNDS, START_SHARE, Headroom
+from llmserve.policy.headroom import IDLE_S, MET_GAIN, MISS_COST, RELAX_S, SHARE_BOUNDS, START_SHARE, Headroom
 
 
 def test_it_starts_cautious_and_moves_up_a_little_per_met_target_and_down_a_lot_per_miss() -> None:
@@ -39,3 +39,17 @@ def test_one_miss_in_a_hundred_holds_it_steady_more_lowers_it_fewer_raise_it() -
     assert after(1) == pytest.approx(0.6)
     assert after(2) < 0.5  # down at its floor, then back up by the 98 met since the last miss
     assert after(0) == SHARE_BOUNDS[1]
+
+
+def test_what_outcomes_taught_fades_when_none_come_so_a_burst_after_quiet_is_judged_afresh() -> None:
+    now = [0.0]
+    headroom = Headroom(clock=lambda: now[0])
+    for _ in range(3):
+        headroom.observe(met_target=False)  # an overload long past
+    assert headroom.share == SHARE_BOUNDS[0]
+    now[0] += IDLE_S  # a pause between requests changes nothing
+    assert headroom.share == SHARE_BOUNDS[0]
+    now[0] += RELAX_S
+    assert SHARE_BOUNDS[0] < headroom.share < START_SHARE
+    now[0] += 10 * RELAX_S
+    assert headroom.share == pytest.approx(START_SHARE, abs=1e-3)

@@ -110,7 +110,7 @@ class Admission:
         self._typical = TypicalRequest()
         self.engine_times_steps = False
         # A request waits only if its predicted wait is within this share of the time it has.
-        self.headroom = Headroom()
+        self.headroom = Headroom(clock=clock)
 
     def observe_engine_step(self, seconds: float, engine_running: int | None, prompt_tokens: int) -> None:
         """A step timed by the engine itself (engine/step_stats.py): from then on the model learns

@@ -8,11 +8,17 @@ missed (finished after its deadline, or refused after waiting) lowers it MISS_CO
 TARGET_MISS_SHARE of the queued requests miss, and the queue takes as much as that allows: more
 when predictions are pessimistic (fewer false refusals), less when they are optimistic (fewer
 late answers and slow refusals). Never more than the whole budget.
+
+What outcomes taught fades when none come: after IDLE_S without one, the share returns toward
+where it starts (time constant RELAX_S), so a burst after a quiet spell is not judged by the
+misses of an overload long past.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Callable
 
 TARGET_MISS_SHARE = 0.01  # the SLO's percentile: 99 in 100 queued requests meet it
 START_SHARE = 0.8
@@ -20,13 +26,28 @@ SHARE_BOUNDS = (0.3, 1.0)
 MISS_COST = 0.2
 # Balances MISS_COST at the target: (1 - p) * gain = p * cost.
 MET_GAIN = MISS_COST * TARGET_MISS_SHARE / (1 - TARGET_MISS_SHARE)
+IDLE_S = 5.0
+RELAX_S = 30.0
 
 
-@dataclass
 class Headroom:
-    share: float = START_SHARE
-    met: int = 0
-    missed: int = 0
+    def __init__(self, share: float = START_SHARE, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._learned = share
+        self._learned_at = clock()
+        self.met = 0
+        self.missed = 0
+
+    @property
+    def share(self) -> float:
+        quiet_s = self._clock() - self._learned_at - IDLE_S
+        if quiet_s <= 0:
+            return self._learned
+        return START_SHARE + (self._learned - START_SHARE) * math.exp(-quiet_s / RELAX_S)
+
+    @share.setter
+    def share(self, value: float) -> None:
+        self._learned, self._learned_at = value, self._clock()
 
     def observe(self, met_target: bool) -> None:
         """A queued request's outcome."""
