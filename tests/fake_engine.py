@@ -57,8 +57,8 @@ class FakeEngine:
     def is_dead(self) -> bool:
         return self.dead
 
-    def watch_steps(self, listener: StepListener) -> bool:
-        return False
+    def watch_steps(self, listener: StepListener) -> None:
+        pass
 
     async def tokenize(self, text: str) -> TokenizedPrompt:
         return TokenizedPrompt(token_ids=tuple(len(word) for word in text.split()), text=text)

@@ -136,9 +136,9 @@ class EngineClient(Protocol):
     @property
     def is_dead(self) -> bool: ...
 
-    def watch_steps(self, listener: StepListener) -> bool:
-        """Call `listener` with every step's time by the engine's own clock; False when this
-        engine does not time its steps (then only relayed tokens tell how long steps take)."""
+    def watch_steps(self, listener: StepListener) -> None:
+        """Call `listener` with every step's time by the engine's own clock, if this engine times
+        its steps (if not, it never calls: then relayed tokens tell how long steps take)."""
         ...
 
     async def tokenize(self, text: str) -> TokenizedPrompt: ...

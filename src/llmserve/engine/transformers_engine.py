@@ -112,8 +112,8 @@ class TransformersEngine(HfTextEngine):
     def is_dead(self) -> bool:
         return self._failed is not None
 
-    def watch_steps(self, listener: StepListener) -> bool:
-        return False  # static batches: relayed tokens tell admission how long steps take
+    def watch_steps(self, listener: StepListener) -> None:
+        pass  # static batches, untimed: relayed tokens tell admission how long steps take
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str

@@ -204,9 +204,8 @@ class VllmEngine(HfTextEngine):
     def is_dead(self) -> bool:
         return self._llm_or_none is None or bool(self._llm_or_none.errored)
 
-    def watch_steps(self, listener: StepListener) -> bool:
+    def watch_steps(self, listener: StepListener) -> None:
         self._step_times.listener = listener
-        return True
 
     async def generate(
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
