@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     REGISTRY,
@@ -30,6 +31,9 @@ from prometheus_client import (
 )
 
 from llmserve.errors import ServingError
+
+if TYPE_CHECKING:
+    from llmserve.engine.base import TokenTiming
 
 # Bucket edges include 0.05, 0.1, 0.2 and 0.5 s so the 200 ms SLO line can be read off directly.
 LATENCY_BUCKETS_S = (
@@ -298,21 +302,28 @@ class RequestObservation:
     def on_prompt(self, prompt_tokens: int) -> None:
         self.series.prompt_tokens.inc(prompt_tokens)
 
-    def on_tokens(self, choice: int, count: int) -> None:
+    def on_tokens(self, choice: int, count: int, timing: TokenTiming | None = None) -> None:
         if count <= 0:
             return
         now = time.perf_counter()
+        first_at, last_at = now, now
+        if timing is not None:
+            first_at, last_at = now - timing.first_token_ago_s, now - timing.last_token_ago_s
         if self.first_token_at is None:
-            self.first_token_at = now
-            self.series.ttft.observe(now - self.arrived_at)
+            self.first_token_at = first_at
+            self.series.ttft.observe(first_at - self.arrived_at)
         previous = self._last_token_at.get(choice)
-        if previous is not None:
-            gap = (now - previous) / count
-            for _ in range(count):
-                self.series.inter_token.observe(gap)
-        self._last_token_at[choice] = now
+        if previous is not None:  # `count` tokens since the previous delta
+            self._observe_gaps((last_at - previous) / count, count)
+        elif timing is not None and count > 1:  # a choice delivered whole: count - 1 gaps
+            self._observe_gaps((last_at - first_at) / (count - 1), count - 1)
+        self._last_token_at[choice] = last_at
         self.generated_tokens += count
         self.series.generation_tokens.inc(count)
+
+    def _observe_gaps(self, gap: float, count: int) -> None:
+        for _ in range(count):
+            self.series.inter_token.observe(gap)
 
     def on_error(self, error: ServingError) -> None:
         """The one place an error sent to the client (as JSON or inside a stream) is counted."""

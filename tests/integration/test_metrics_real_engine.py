@@ -126,6 +126,26 @@ def test_time_to_first_token_never_exceeds_end_to_end(server: ServerProcess, cli
         assert 0 < ttft <= e2e
 
 
+def test_a_response_not_streamed_still_times_its_first_token_and_each_gap(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    """vLLM delivers a non-streamed choice whole (no output per token): the first token's time
+    and the gaps come from vLLM's own per-request timing, not from when the answer arrived."""
+    before = server.scrape()
+    completion = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=40, extra_body={"ignore_eos": True}, **GREEDY
+    )
+    after = server.scrape()
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 40
+    ttft = delta(after, before, "llmserve_time_to_first_token_seconds_sum")
+    e2e = delta(after, before, "llmserve_e2e_request_latency_seconds_sum")
+    assert 0 < ttft < 0.8 * e2e  # 39 decode steps follow the first token
+    assert delta(after, before, "llmserve_inter_token_latency_seconds_count") == 39
+    gaps = delta(after, before, "llmserve_inter_token_latency_seconds_sum")
+    assert 0 < gaps <= e2e - ttft + 0.05
+
+
 def test_client_disconnect_is_counted_as_a_rejection_and_not_as_a_success(server: ServerProcess) -> None:
     wait_idle(server)
     before = server.scrape()

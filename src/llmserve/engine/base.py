@@ -41,6 +41,9 @@ class SamplingSpec:
     logit_bias: dict[int, float] | None = None
     structured_output: StructuredOutput | None = None
     priority: int = 0  # lower first; honoured by engines that schedule by priority
+    # False: the caller wants each choice whole, not token by token (a response that is not
+    # streamed); an engine may then deliver one delta per choice, with its TokenTiming.
+    incremental: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,16 @@ class PositionLogprobs:
     top: tuple[TokenLogprob, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class TokenTiming:
+    """When the tokens of a delta were made, for a delta carrying many at once (a choice delivered
+    whole): seconds before the delta was delivered, so each observer places them on its own
+    clock. Without it, a delta's tokens were made just before it was delivered."""
+
+    first_token_ago_s: float
+    last_token_ago_s: float
+
+
 @dataclass(slots=True)
 class GenerationDelta:
     """New text and tokens of one choice (`index` < n) since its previous delta."""
@@ -74,6 +87,7 @@ class GenerationDelta:
     index: int = 0
     logprobs: list[PositionLogprobs] | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    timing: TokenTiming | None = None
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
@@ -21,6 +22,7 @@ from llmserve.engine.base import (
     StepListener,
     TokenizedPrompt,
     TokenLogprob,
+    TokenTiming,
 )
 from llmserve.engine.dtype import resolve_dtype
 from llmserve.engine.hf_text import HfTextEngine, TextCodec
@@ -129,8 +131,24 @@ def to_sampling_params(spec: SamplingSpec) -> SamplingParams:
         prompt_logprobs=spec.prompt_logprobs,
         logit_bias=dict(spec.logit_bias) if spec.logit_bias else None,
         structured_outputs=structured,
-        output_kind=RequestOutputKind.DELTA,
+        # A response that is not streamed takes each choice whole, as vLLM's own server does:
+        # no output per token through the output processor and the layers above it.
+        output_kind=RequestOutputKind.DELTA if spec.incremental else RequestOutputKind.FINAL_ONLY,
+        skip_clone=True,  # made for one request: vLLM need not deep-copy it (its server does alike)
     )
+
+
+def token_timing(stats: object) -> TokenTiming | None:
+    """When the tokens of a choice delivered whole were made, from vLLM's per-request stats (None
+    when the engine keeps none): its first token by the front end's clock (arrival + first-token
+    latency), its last by the engine core's time from the first."""
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    if not isinstance(stats, RequestStateStats) or stats.first_token_ts <= 0:
+        return None
+    first_ago = max(0.0, time.time() - stats.arrival_time - stats.first_token_latency)
+    decode_s = max(0.0, stats.last_token_ts - stats.first_token_ts)
+    return TokenTiming(first_token_ago_s=first_ago, last_token_ago_s=max(0.0, first_ago - decode_s))
 
 
 def _position_logprobs(token_id: int, candidates: Mapping[int, Any], top_n: int) -> PositionLogprobs:
@@ -211,12 +229,11 @@ class VllmEngine(HfTextEngine):
         self, prompt: TokenizedPrompt, sampling: SamplingSpec, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
         from vllm.exceptions import VLLMClientError
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs.engine import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
-        engine_prompt = TokensPrompt(prompt_token_ids=list(prompt.token_ids))
-        if prompt.text is not None:
-            engine_prompt["prompt"] = prompt.text
+        # Already tokenized, so handed over rendered: vLLM processes it inline, not on its thread pool.
+        engine_prompt = tokens_input(list(prompt.token_ids), prompt=prompt.text)
         finished = False
         try:
             params = to_sampling_params(sampling)
@@ -234,6 +251,7 @@ class VllmEngine(HfTextEngine):
                             finish_reason=completion.finish_reason,
                             index=completion.index,
                             logprobs=_convert_logprobs(completion.token_ids, completion.logprobs, top_n),
+                            timing=None if sampling.incremental else token_timing(output.metrics),
                         )
                         if prompt_logprobs_pending and output.prompt_logprobs is not None:
                             delta.prompt_logprobs = _convert_prompt_logprobs(

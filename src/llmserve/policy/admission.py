@@ -52,8 +52,14 @@ class Ticket:
     generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
-    def remaining_tokens(self) -> int:
-        return max(1, self.expected_tokens - self.generated // max(1, self.sequences))
+    def remaining_tokens(self, now: float, step_s: float) -> int:
+        """Tokens each of its sequences has yet to make: as counted from what was delivered, or
+        as its time in the engine makes at `step_s` a token, whichever is further along (a
+        response that is not streamed delivers nothing until it ends)."""
+        done = self.generated // max(1, self.sequences)
+        if self.admitted_at is not None and step_s > 0:
+            done = max(done, int((now - self.admitted_at) / step_s))
+        return max(1, self.expected_tokens - done)
 
     @property
     def kv_tokens(self) -> int:
@@ -319,7 +325,9 @@ class Admission:
         # of the engine's batch (the others' run alike).
         own = sum(t.sequences for t in self._running)
         share = self.running / own if own else 1.0
-        finishing = sorted((now + t.remaining_tokens() * step, t.sequences * share) for t in self._running)
+        finishing = sorted(
+            (now + t.remaining_tokens(now, step) * step, t.sequences * share) for t in self._running
+        )
         running: float = self.running
         ahead = [t for t in self._waiting.ahead_of(ticket) if t is not ticket]
         beyond_s = 0.0

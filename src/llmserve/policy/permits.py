@@ -19,11 +19,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from llmserve.errors import DrainingError, RequestTimeoutError, ServingError
 from llmserve.policy.admission import Admission, Ticket
 from llmserve.policy.rate_limits import KeyLimits, RateLimiter
+
+if TYPE_CHECKING:
+    from llmserve.engine.base import TokenTiming
 
 ExpiryReason = Literal["timeout", "draining"]
 
@@ -179,20 +182,27 @@ class Permit:
     def on_prompt(self, prompt_tokens: int) -> None:
         pass
 
-    def on_tokens(self, choice: int, count: int) -> None:
+    def on_tokens(self, choice: int, count: int, timing: TokenTiming | None = None) -> None:
         ticket = self._ticket
         if ticket is None or count <= 0:
             return
         now = time.monotonic()
+        first_at, last_at = now, now
+        if timing is not None:
+            first_at, last_at = now - timing.first_token_ago_s, now - timing.last_token_ago_s
         ticket.generated += count
         model, batch = self._admission.model, self._admission.running
+        learns_steps = not self._admission.engine_times_steps
         previous = self._last_token_at.get(choice)
         if previous is not None:
-            if not self._admission.engine_times_steps:
-                model.observe_step(batch, (now - previous) / count)
-        elif ticket.admitted_at is not None and not self._last_token_at:
-            model.observe_prefill(ticket.prompt_tokens, now - ticket.admitted_at, batch)
-        self._last_token_at[choice] = now
+            if learns_steps:
+                model.observe_step(batch, (last_at - previous) / count)
+        else:
+            if ticket.admitted_at is not None and not self._last_token_at:
+                model.observe_prefill(ticket.prompt_tokens, first_at - ticket.admitted_at, batch)
+            if learns_steps and timing is not None and count > 1:  # a choice delivered whole
+                model.observe_step(batch, (last_at - first_at) / (count - 1))
+        self._last_token_at[choice] = last_at
 
     def release(self, completed: bool) -> None:
         if self.released:

@@ -109,6 +109,7 @@ class SamplingFields(OpenAIBaseModel):
             logit_bias={int(key): bias for key, bias in self.logit_bias.items()} if self.logit_bias else None,
             structured_output=self.structured_output(),
             priority=self.priority,
+            incremental=self.stream,
             **extra,
         )
 

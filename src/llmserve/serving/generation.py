@@ -13,6 +13,7 @@ from llmserve.engine.base import (
     PositionLogprobs,
     SamplingSpec,
     TokenizedPrompt,
+    TokenTiming,
 )
 from llmserve.errors import PromptOverLimitError, PromptTooLongError
 from llmserve.policy.permits import Cost
@@ -25,7 +26,7 @@ class GenerationObserver(Protocol):
 
     def on_prompt(self, prompt_tokens: int) -> None: ...
 
-    def on_tokens(self, choice: int, count: int) -> None: ...
+    def on_tokens(self, choice: int, count: int, timing: TokenTiming | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +40,9 @@ class Observers:
         self.metrics.on_prompt(prompt_tokens)
         self.permit.on_prompt(prompt_tokens)
 
-    def on_tokens(self, choice: int, count: int) -> None:
-        self.metrics.on_tokens(choice, count)
-        self.permit.on_tokens(choice, count)
+    def on_tokens(self, choice: int, count: int, timing: TokenTiming | None = None) -> None:
+        self.metrics.on_tokens(choice, count, timing)
+        self.permit.on_tokens(choice, count, timing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ async def run_generations(
     ]
     async for position, delta in merge_async_iterators(iterators):
         choice = position * planned[position].sampling.n + delta.index
-        context.observer.on_tokens(choice, len(delta.token_ids))
+        context.observer.on_tokens(choice, len(delta.token_ids), delta.timing)
         yield choice, delta
 
 
