@@ -16,6 +16,7 @@ from llmserve.api.auth import ApiKeyRequired, KeyRing
 from llmserve.api.body_limit import BodyLimitsMiddleware
 from llmserve.api.deps import Generation
 from llmserve.api.errors import install_error_handlers
+from llmserve.api.load_shed import LoadShedMiddleware
 from llmserve.api.observability import MetricsMiddleware
 from llmserve.api.openapi import install_openapi
 from llmserve.config import Config
@@ -95,6 +96,7 @@ def create_app(
     app.state.generation = generation
     app.state.permits = permits
     app.state.keys = KeyRing.from_config(config.auth)
+    app.add_middleware(LoadShedMiddleware, admission=admission)
     app.add_middleware(
         BodyLimitsMiddleware,
         max_body_bytes=config.server.max_request_body_bytes,

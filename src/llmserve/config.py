@@ -81,6 +81,12 @@ class AdmissionConfig(_Section):
     shed_by_estimate: bool = Field(
         default=True, description="Refuse at once a request whose predicted wait leaves it no time."
     )
+    max_loop_lag_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Refuse new requests at once while the API process's event loop runs this far "
+        "behind (its own saturation); unset: a tenth of slo.e2e_s when that is set, else never.",
+    )
 
 
 class SloConfig(_Section):

@@ -26,6 +26,7 @@ from llmserve.config import AdmissionConfig, SloConfig
 from llmserve.errors import OverloadedError
 from llmserve.policy.fair_queue import FairQueue
 from llmserve.policy.headroom import Headroom
+from llmserve.policy.loop_lag import EventLoopLag
 from llmserve.policy.service_model import ServiceModel
 from llmserve.policy.shared_state import EngineLoad
 
@@ -117,6 +118,8 @@ class Admission:
         self.engine_times_steps = False
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
+        self.loop_lag = EventLoopLag()
+        self._max_loop_lag_s = config.max_loop_lag_s or (slo.e2e_s / 10 if slo.e2e_s else None)
 
     def observe_engine_step(self, seconds: float, engine_running: int | None, prompt_tokens: int) -> None:
         """A step timed by the engine itself (engine/step_stats.py): from then on the model learns
@@ -153,9 +156,26 @@ class Admission:
         self._typical.observe(ticket)
         return ticket
 
+    def front_end_refusal(self) -> OverloadedError | None:
+        """While this API process's event loop runs too far behind (it is itself saturated), the
+        refusal for any new request; else None. Call from the event loop."""
+        if not self.config.enabled or self._max_loop_lag_s is None:
+            return None
+        self.loop_lag.watch(asyncio.get_running_loop())
+        if self.loop_lag.lag_s <= self._max_loop_lag_s:
+            return None
+        return OverloadedError(
+            f"The server is overloaded: its front end runs {self.loop_lag.lag_s * 1000:.0f} ms behind.",
+            retry_after_s=1,
+        )
+
     def check(self, ticket: Ticket) -> None:
         """Refuse at once what cannot be served in time (429 with Retry-After)."""
-        if not self.config.enabled or (not self._waiting and self._fits(ticket, self._clock())):
+        if not self.config.enabled:
+            return
+        if (refusal := self.front_end_refusal()) is not None:
+            raise refusal
+        if not self._waiting and self._fits(ticket, self._clock()):
             return
         if self.waiting >= self.config.max_waiting:
             raise self._refuse(ticket, "The server is at capacity: too many requests are waiting.")
