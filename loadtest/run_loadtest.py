@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,16 +75,31 @@ def run_locust(url: str, run: LocustRun, prefix: Path, html: bool = True) -> dic
 
 @contextlib.contextmanager
 def llmserve(url: str | None, config: str, out: Path) -> Iterator[str]:
-    """Reuse the server at `url`, or start one (and stop it afterwards)."""
+    """Reuse the server at `url`, or start one (and stop it afterwards); either way the Locust
+    users ask for the model it serves (LLMSERVE_MODEL, unless set)."""
     if url:
+        use_served_model(url)
         yield url
         return
     server = start_server(out / "server.log", "--config", config)
     try:
         server.wait_ready(600)
+        use_served_model(server.base_url)
         yield server.base_url
     finally:
         server.stop()
+
+
+def use_served_model(url: str) -> None:
+    import httpx
+
+    if "LLMSERVE_MODEL" in os.environ:
+        return
+    key = os.environ.get("LLMSERVE_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):
+        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()
+        os.environ["LLMSERVE_MODEL"] = models["data"][0]["id"]
 
 
 @contextlib.contextmanager
