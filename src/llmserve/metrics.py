@@ -306,9 +306,7 @@ class RequestObservation:
         if count <= 0:
             return
         now = time.perf_counter()
-        first_at, last_at = now, now
-        if timing is not None:
-            first_at, last_at = now - timing.first_token_ago_s, now - timing.last_token_ago_s
+        first_at, last_at = (now, now) if timing is None else timing.placed(now)
         if self.first_token_at is None:
             self.first_token_at = first_at
             self.series.ttft.observe(first_at - self.arrived_at)

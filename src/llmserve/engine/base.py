@@ -76,6 +76,10 @@ class TokenTiming:
     first_token_ago_s: float
     last_token_ago_s: float
 
+    def placed(self, now: float) -> tuple[float, float]:
+        """(first token, last token) on the clock that reads `now`."""
+        return now - self.first_token_ago_s, now - self.last_token_ago_s
+
 
 @dataclass(slots=True)
 class GenerationDelta:

@@ -187,9 +187,7 @@ class Permit:
         if ticket is None or count <= 0:
             return
         now = time.monotonic()
-        first_at, last_at = now, now
-        if timing is not None:
-            first_at, last_at = now - timing.first_token_ago_s, now - timing.last_token_ago_s
+        first_at, last_at = (now, now) if timing is None else timing.placed(now)
         ticket.generated += count
         model, batch = self._admission.model, self._admission.running
         learns_steps = not self._admission.engine_times_steps
