@@ -66,6 +66,7 @@ def create_app(
         tuple(sorted({1, max(1, most // 4), most})),
         admission.model.prefill_s,
         headroom=lambda: admission.headroom.share,
+        batch_limit=admission.batch_limit,
     )
     generation = Generation(
         pipeline=Pipeline(config, runtime, permits),

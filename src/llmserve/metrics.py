@@ -166,6 +166,14 @@ class GatewayMetrics:
             registry=self.registry,
             multiprocess_mode="livemostrecent",
         )
+        self.batch_limit = Gauge(
+            "llmserve_admission_batch_limit",
+            "Engine sequences admission runs at most now: the largest batch at which a typical request "
+            "of the current traffic meets the SLO (admission.max_in_flight without one).",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemostrecent",
+        )
         self.waiting = Gauge(
             "llmserve_requests_waiting",
             "Requests waiting in the gateway's admission queue now.",
@@ -208,13 +216,15 @@ class GatewayMetrics:
         batches: tuple[int, ...],
         prefill_s: Callable[[int], float],
         headroom: Callable[[], float],
+        batch_limit: Callable[[], int],
     ) -> None:
-        """What admission predicts: the engine's step time at a few batch sizes, prefill cost; and
-        the share of a wait budget it promises."""
+        """What admission predicts: the engine's step time at a few batch sizes, prefill cost; the
+        share of a wait budget it promises, and the batch it fills the engine to."""
         for batch in batches:
             self._read(self.predicted_step.labels(self.model, str(batch)), partial(step_s, batch))
         self._read(self.predicted_prefill.labels(self.model), partial(prefill_s, 1000))
         self._read(self.headroom.labels(self.model), headroom)
+        self._read(self.batch_limit.labels(self.model), batch_limit)
 
     def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[str], int]) -> None:
         """The gauges read the admission queue and the permits held (policy/): counted once, there."""

@@ -91,6 +91,42 @@ def test_predictions_are_corrected_by_what_requests_really_took() -> None:
     assert model.correction == pytest.approx(0.8)
 
 
+async def test_the_correction_settles_on_the_engines_real_pace_instead_of_learning_its_own_error() -> None:
+    clock = FakeClock()
+    model = known_model(0.1, 0.01)
+    queue = admission(clock, model=model, max_in_flight=1)
+    corrections = []
+    for _ in range(60):  # the engine is steadily 1.5x slower than the fit says
+        ticket = await run(queue)
+        clock.now += 1.5 * model.service_s(ticket.prompt_tokens, ticket.expected_tokens, 1, corrected=False)
+        queue.release(ticket, completed=True)
+        corrections.append(model.correction)
+    assert corrections[-30:] == pytest.approx([1.5] * 30)
+
+
+async def test_requests_that_ran_in_a_small_batch_do_not_teach_that_the_engine_got_faster() -> None:
+    clock = FakeClock()
+    model = known_model(0.1, 0.01)
+    queue = admission(clock, model=model, max_in_flight=64)  # plans on a batch of 64
+    for _ in range(20):
+        ticket = await run(queue, max_tokens=10)
+        for _ in range(10):  # it runs alone: ten steps of 0.11 s, as the fit says
+            queue.observe_engine_step(0.11, 1, 0)
+            clock.now += 0.11
+        ticket.generated = 10
+        queue.release(ticket, completed=True)
+    assert model.correction == pytest.approx(1.0, abs=0.05)
+
+
+def test_where_the_engine_times_its_steps_a_prompt_costs_what_its_tokens_add_to_a_step() -> None:
+    model = ServiceModel()
+    for batch, prompt_tokens in [(1, 0), (8, 0), (4, 500), (16, 100), (32, 1000), (2, 0)] * 20:
+        model.observe_engine_step(batch, 0.02 + 0.001 * batch + 0.0008 * prompt_tokens, prompt_tokens)
+    # After an idle spell a first token also waits for the burst's other prompts in its step.
+    model.observe_prefill(100, 1.0, batch=1)
+    assert model.prefill_s(100) == pytest.approx(0.08, rel=0.05)
+
+
 async def test_under_capacity_requests_are_admitted_at_once() -> None:
     queue = admission()
     await run(queue)
@@ -284,7 +320,7 @@ def test_the_batch_limit_is_the_largest_batch_at_which_a_typical_request_meets_e
         )
 
     first_late = next((b for b in range(1, max_in_flight + 1) if late(b)), None)
-    assert queue._batch_limit() == (max_in_flight if first_late is None else max(1, first_late - 1))
+    assert queue.batch_limit() == (max_in_flight if first_late is None else max(1, first_late - 1))
 
 
 async def test_a_request_that_cannot_meet_the_target_even_alone_is_served_best_effort() -> None:

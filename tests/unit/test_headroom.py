@@ -53,3 +53,16 @@ def test_what_outcomes_taught_fades_when_none_come_so_a_burst_after_quiet_is_jud
     assert SHARE_BOUNDS[0] < headroom.share < START_SHARE
     now[0] += 10 * RELAX_S
     assert headroom.share == pytest.approx(START_SHARE, abs=1e-3)
+
+
+def test_a_cluster_of_misses_cuts_once_since_those_queued_before_the_cut_were_promised_under_it() -> None:
+    now = [0.0]
+    headroom = Headroom(clock=lambda: now[0])
+    now[0] = 10.0
+    for _ in range(4):  # queued at 9 s, all missing at 10 s: one lesson
+        headroom.observe(met_target=False, queued_at=9.0)
+    assert headroom.share == pytest.approx(START_SHARE - MISS_COST)
+    assert headroom.missed == 4
+    now[0] = 11.0
+    headroom.observe(met_target=False, queued_at=10.5)  # queued under the lowered share: it cuts again
+    assert headroom.share == pytest.approx(START_SHARE - 2 * MISS_COST)

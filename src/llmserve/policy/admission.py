@@ -50,6 +50,7 @@ class Ticket:
     admitted_at: float | None = None
     queued: bool = False  # waited for room: its outcome steers the headroom
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
+    steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
     generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -65,6 +66,32 @@ class Ticket:
     @property
     def kv_tokens(self) -> int:
         return self.sequences * (self.prompt_tokens + self.expected_tokens)
+
+
+@dataclass(frozen=True)
+class StepsMark:
+    steps: int
+    batch_sum: int
+
+
+class BatchHistory:
+    """The batches of the engine's steps, so that a finished request's time can be checked against
+    the fit at the batches it really ran with, not the full batch admission planned on (at light
+    load that made every request look twice as fast as predicted, and the correction halved
+    predictions just before the batch filled)."""
+
+    def __init__(self) -> None:
+        self._now = StepsMark(0, 0)
+
+    def step(self, batch: int) -> None:
+        self._now = StepsMark(self._now.steps + 1, self._now.batch_sum + batch)
+
+    def mark(self) -> StepsMark:
+        return self._now
+
+    def mean_since(self, mark: StepsMark) -> float | None:
+        steps = self._now.steps - mark.steps
+        return (self._now.batch_sum - mark.batch_sum) / steps if steps > 0 else None
 
 
 class TypicalRequest:
@@ -116,6 +143,7 @@ class Admission:
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._typical = TypicalRequest()
         self.engine_times_steps = False
+        self._batches = BatchHistory()
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
         self.loop_lag = EventLoopLag()
@@ -127,6 +155,7 @@ class Admission:
         self.engine_times_steps = True
         batch = engine_running if engine_running is not None else self.running
         self.model.observe_engine_step(batch, seconds, prompt_tokens)
+        self._batches.step(batch)
 
     @property
     def running(self) -> int:
@@ -233,18 +262,34 @@ class Admission:
             if completed and ticket.admitted_at is not None:
                 now = self._clock()
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
-                self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
+                self.model.observe_service(self._predicted_as_run(ticket), now - ticket.admitted_at)
                 if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
-                    self.headroom.observe(ticket.deadline_at is None or now <= ticket.deadline_at)
+                    self.headroom.observe(
+                        ticket.deadline_at is None or now <= ticket.deadline_at, queued_at=ticket.arrived_at
+                    )
         self._admit_waiters()
 
     def _start(self, ticket: Ticket) -> None:
         """Run a ticket whose room `_take` took."""
         ticket.admitted_at = self._clock()
-        ticket.predicted_s = self._service_s(ticket, max(self.running, self._batch_limit()))
+        batch = max(self.running, self.batch_limit())
+        ticket.predicted_s = self.model.service_s(
+            ticket.prompt_tokens, ticket.expected_tokens, batch, corrected=False
+        )
+        ticket.steps_mark = self._batches.mark()
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
+
+    def _predicted_as_run(self, ticket: Ticket) -> float:
+        """What the fit (uncorrected) says a finished request should have taken: at the engine's
+        mean batch while it ran and the tokens it made, where the engine times its steps; else
+        the prediction made when it was admitted."""
+        mean_batch = None if ticket.steps_mark is None else self._batches.mean_since(ticket.steps_mark)
+        if mean_batch is None:
+            return ticket.predicted_s
+        tokens = max(1, ticket.generated // max(1, ticket.sequences))
+        return self.model.service_s(ticket.prompt_tokens, tokens, round(mean_batch), corrected=False)
 
     def _leave(self, ticket: Ticket) -> None:
         self._waiting.remove(ticket)
@@ -258,7 +303,7 @@ class Admission:
         while (head := self._waiting.peek()) is not None:
             if self._take(head, now):
                 self._start(self._waiting.pop())
-            elif self._too_late(head, now, self._batch_limit()):
+            elif self._too_late(head, now, self.batch_limit()):
                 self._waiting.pop()
                 head.admitted.set_exception(
                     self._refuse(
@@ -296,7 +341,7 @@ class Admission:
     def _room(self, ticket: Ticket, now: float, claim: Callable[[int, int, int, int | None], bool]) -> bool:
         if not self.config.enabled:
             return claim(ticket.sequences, ticket.kv_tokens, sys.maxsize, None)
-        limit = self._batch_limit()
+        limit = self.batch_limit()
         if self.running > 0 and self._too_late(ticket, now, limit):
             return False
         return claim(ticket.sequences, ticket.kv_tokens, limit, self.kv_capacity_tokens)
@@ -305,7 +350,7 @@ class Admission:
         deadline = ticket.deadline_at
         return deadline is not None and now + self._service_s(ticket, limit) > deadline
 
-    def _batch_limit(self) -> int:
+    def batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
         the engine runs that full, so every admitted request can plan on it."""
         slo, most = self.slo, self.config.max_in_flight
@@ -339,7 +384,7 @@ class Admission:
         those queued ahead of it take the freed slots first, each then running for its service
         time. `position`: as if that many were ahead (more than are waiting: others like it)."""
         now = self._clock()
-        limit = max(self._batch_limit(), ticket.sequences)
+        limit = max(self.batch_limit(), ticket.sequences)
         step = self.model.step_s(max(1, self.running))
         # In a group this process sees only its own running tickets: each stands for its share
         # of the engine's batch (the others' run alike).
@@ -371,7 +416,7 @@ class Admission:
     def _wait_budget_s(self, ticket: Ticket) -> float:
         """How long it may wait: until it would miss its e2e deadline or its TTFT target, else
         until queue_timeout_s."""
-        now, limit = self._clock(), self._batch_limit()
+        now, limit = self._clock(), self.batch_limit()
         budgets = []
         if ticket.deadline_at is not None:
             budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit))
@@ -393,7 +438,7 @@ class Admission:
         out, not as one herd): when the waiting room has a place, and waiting then leaves it time.
         A queued request refused after waiting is a miss the headroom learns from."""
         if after_waiting:
-            self.headroom.observe(met_target=False)
+            self.headroom.observe(met_target=False, queued_at=ticket.arrived_at)
         now = self._clock()
         while self._told_to_retry and self._told_to_retry[0] <= now:
             self._told_to_retry.pop(0)

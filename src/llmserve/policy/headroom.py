@@ -9,6 +9,12 @@ TARGET_MISS_SHARE of the queued requests miss, and the queue takes as much as th
 when predictions are pessimistic (fewer false refusals), less when they are optimistic (fewer
 late answers and slow refusals). Never more than the whole budget.
 
+A miss lowers the share once per cut, as TCP halves its window once per round trip: a request
+queued before the last cut was promised its place under the share that cut already lowered, so
+its miss says nothing new. (Misses come in clusters, when a burst's prompts lengthen the steps
+for every request queued behind them: counted one by one, four misses within a second took the
+share from 0.8 to its floor, and the engine then ran half full while the queue refused.)
+
 What outcomes taught fades when none come: after IDLE_S without one, the share returns toward
 where it starts (time constant RELAX_S), so a burst after a quiet spell is not judged by the
 misses of an overload long past.
@@ -35,6 +41,7 @@ class Headroom:
         self._clock = clock
         self._learned = share
         self._learned_at = clock()
+        self._cut_at = -math.inf
         self.met = 0
         self.missed = 0
 
@@ -49,12 +56,15 @@ class Headroom:
     def share(self, value: float) -> None:
         self._learned, self._learned_at = value, self._clock()
 
-    def observe(self, met_target: bool) -> None:
-        """A queued request's outcome."""
+    def observe(self, met_target: bool, queued_at: float | None = None) -> None:
+        """A queued request's outcome; `queued_at`: when it was queued (by this clock)."""
         low, high = SHARE_BOUNDS
         if met_target:
             self.met += 1
             self.share = min(high, self.share + MET_GAIN)
-        else:
-            self.missed += 1
-            self.share = max(low, self.share - MISS_COST)
+            return
+        self.missed += 1
+        if queued_at is not None and queued_at < self._cut_at:
+            return
+        self.share = max(low, self.share - MISS_COST)
+        self._cut_at = self._clock()
