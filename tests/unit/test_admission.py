@@ -104,20 +104,6 @@ async def test_the_correction_settles_on_the_engines_real_pace_instead_of_learni
     assert corrections[-30:] == pytest.approx([1.5] * 30)
 
 
-async def test_requests_that_ran_in_a_small_batch_do_not_teach_that_the_engine_got_faster() -> None:
-    clock = FakeClock()
-    model = known_model(0.1, 0.01)
-    queue = admission(clock, model=model, max_in_flight=64)  # plans on a batch of 64
-    for _ in range(20):
-        ticket = await run(queue, max_tokens=10)
-        for _ in range(10):  # it runs alone: ten steps of 0.11 s, as the fit says
-            queue.observe_engine_step(0.11, 1, 0)
-            clock.now += 0.11
-        ticket.generated = 10
-        queue.release(ticket, completed=True)
-    assert model.correction == pytest.approx(1.0, abs=0.05)
-
-
 def test_where_the_engine_times_its_steps_a_prompt_costs_what_its_tokens_add_to_a_step() -> None:
     model = ServiceModel()
     for batch, prompt_tokens in [(1, 0), (8, 0), (4, 500), (16, 100), (32, 1000), (2, 0)] * 20:
