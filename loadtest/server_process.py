@@ -191,6 +191,8 @@ def vllm_serve_command(
     )
     if engine.block_size is not None:
         command += ["--block-size", str(engine.block_size)]
+    if engine.stream_interval != 1:
+        command += ["--stream-interval", str(engine.stream_interval)]
     if engine.simulated_gpu is not None:  # the same simulated executor, the same settings
         arguments = engine_arguments(engine, config.server.served_model_name)
         command += [

@@ -168,6 +168,12 @@ class EngineConfig(_Section):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         default="fcfs", description="priority: vLLM schedules by the requests' priority field too."
     )
+    stream_interval: int = Field(
+        default=1,
+        ge=1,
+        description="Tokens vLLM gathers before it hands a stream its next delta (the first and the "
+        "last go at once): above 1, less work per streamed token in the API process, coarser streams.",
+    )
     generation_config: str = Field(
         default="auto",
         min_length=1,

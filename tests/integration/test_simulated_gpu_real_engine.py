@@ -115,3 +115,30 @@ def test_the_simulated_server_says_it_is_a_simulation_and_its_text_is_not_the_mo
     assert simulated["choices"][0]["text"] != real["choices"][0]["text"]
     assert "SIMULATED GPU (NVIDIA H200 SXM)" in simulated_server.log()
     assert "SIMULATED GPU" not in server.log()
+
+
+@pytest.fixture(scope="module")
+def coarse_stream_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    args = ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={session_dtype()}",
+            "--set", "engine.simulated_gpu.gpu=H200", "--set", "engine.stream_interval=4")  # fmt: skip
+    with running_server(tmp_path_factory, "simulated-h200-stream-interval", *args) as process:
+        yield process
+
+
+def test_with_a_stream_interval_a_stream_gets_its_tokens_in_fewer_larger_deltas(
+    coarse_stream_server: ServerProcess,
+) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 17, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream(
+        "POST", f"{coarse_stream_server.base_url}/v1/completions", json=body, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == 17, "every token still arrives"
+    with_text = [chunk for chunk in chunks if chunk["choices"] and chunk["choices"][0]["text"]]
+    # The first token at once, then at most one delta per 4 tokens (fewer when vLLM merges more).
+    assert 1 <= len(with_text) <= 5
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmserve.config import load_config
+import pytest
+
+from llmserve.config import ConfigError, load_config
 from llmserve.engine.base import SamplingDefaults
 from llmserve.engine.transformers_engine import read_sampling_defaults
 from llmserve.engine.vllm_engine import engine_arguments
@@ -67,3 +69,11 @@ def test_the_switch_reaches_vllms_engine_arguments() -> None:
     arguments = engine_arguments(engine, MODEL)
     assert arguments["generation_config"] == "vllm"
     assert arguments["override_generation_config"] == {"top_k": 40}
+
+
+def test_the_stream_interval_reaches_vllms_engine_arguments_and_is_at_least_one() -> None:
+    engine = load_config(None, {"engine": {"stream_interval": 4}}).engine
+    assert engine_arguments(engine, MODEL)["stream_interval"] == 4
+    assert engine_arguments(load_config(None, {}).engine, MODEL)["stream_interval"] == 1
+    with pytest.raises(ConfigError):
+        load_config(None, {"engine": {"stream_interval": 0}})
