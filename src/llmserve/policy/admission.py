@@ -115,7 +115,6 @@ class Admission:
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._typical = TypicalRequest()
-        self.engine_times_steps = False
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
         self.loop_lag = EventLoopLag()
@@ -124,9 +123,12 @@ class Admission:
     def observe_engine_step(self, seconds: float, engine_running: int | None, prompt_tokens: int) -> None:
         """A step timed by the engine itself (engine/step_stats.py): from then on the model learns
         step times from these rather than from the gaps between relayed tokens."""
-        self.engine_times_steps = True
         batch = engine_running if engine_running is not None else self.running
         self.model.observe_engine_step(batch, seconds, prompt_tokens)
+
+    @property
+    def engine_times_steps(self) -> bool:
+        return self.model.engine_times_steps
 
     @property
     def running(self) -> int:
@@ -249,9 +251,7 @@ class Admission:
         # a request's time) became a factor on every prediction: x3 on the simulated H200,
         # refusing 30 % at half load.
         batch = max(self.running, self.batch_limit())
-        ticket.predicted_s = self.model.service_s(
-            ticket.prompt_tokens, ticket.expected_tokens, batch, corrected=False
-        )
+        ticket.predicted_s = self._service_s(ticket, batch, corrected=False)
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
@@ -289,8 +289,8 @@ class Admission:
 
     # The predictions.
 
-    def _service_s(self, ticket: Ticket, batch: int) -> float:
-        return self.model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch)
+    def _service_s(self, ticket: Ticket, batch: int, corrected: bool = True) -> float:
+        return self.model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected)
 
     def _fits(self, ticket: Ticket, now: float) -> bool:
         """Room now: slots and KV for it within the batch limit, and time to finish by its

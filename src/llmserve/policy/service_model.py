@@ -80,7 +80,7 @@ class ServiceModel:
         self._per_step_prompt_token = 0.0
         self._usual_step_prompt_tokens = 0.0
         self._fitted = True  # observations arrive per token, reads per request: fit on read
-        self._engine_times_steps = False
+        self.engine_times_steps = False  # once it has: step samples carry their prompt tokens
         self.correction = 1.0
 
     def observe_step(self, batch: int, seconds: float) -> None:
@@ -89,7 +89,7 @@ class ServiceModel:
 
     def observe_engine_step(self, batch: int, seconds: float, prompt_tokens: int) -> None:
         """A step timed by the engine, which also finished the prefill of `prompt_tokens`."""
-        self._engine_times_steps = True
+        self.engine_times_steps = True
         self._usual_step_prompt_tokens += PREFILL_SMOOTHING * (prompt_tokens - self._usual_step_prompt_tokens)
         self._observe(batch, prompt_tokens, seconds)
 
@@ -109,7 +109,7 @@ class ServiceModel:
 
         Only light load measures a prompt's own cost: under load the first token also waits for
         the steps in progress, and other requests' prefill is in the step samples already."""
-        if prompt_tokens < 1 or batch > LIGHT_LOAD or self._engine_times_steps:
+        if prompt_tokens < 1 or batch > LIGHT_LOAD or self.engine_times_steps:
             return
         self._prefill_per_token.add(max(0.0, seconds - self.step_s(batch)) / prompt_tokens)
 
@@ -138,7 +138,7 @@ class ServiceModel:
     def prefill_s(self, prompt_tokens: int, corrected: bool = True) -> float:
         if not self._fitted:
             self._fit()
-        per_token = self._per_step_prompt_token if self._engine_times_steps else self._prefill_per_token.value
+        per_token = self._per_step_prompt_token if self.engine_times_steps else self._prefill_per_token.value
         return per_token * prompt_tokens * self._factor(corrected)
 
     def _factor(self, corrected: bool) -> float:
