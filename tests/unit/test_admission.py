@@ -404,6 +404,13 @@ async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
     assert app.state.permits.admission.running == 0
 
 
+async def test_metrics_show_the_batch_admission_fills_the_engine_to() -> None:
+    async with ready_client(0.0, "admission.max_in_flight=7") as (app, client):
+        metrics = Scrape.parse((await client.get("/metrics")).text)
+    assert metrics.value("llmserve_admission_batch_limit") == 7, "without an SLO: max_in_flight"
+    assert app.state.permits.admission.batch_limit() == 7
+
+
 async def test_a_client_that_waits_its_retry_after_is_then_served() -> None:
     settings = ("admission.max_in_flight=2", "admission.max_waiting=2", "admission.queue_timeout_s=1")
     async with ready_client(0.02, *settings) as (_, client):
