@@ -23,7 +23,7 @@ from llmserve.errors import (
 )
 from llmserve.metrics import GatewayMetrics, RequestObservation
 from llmserve.policy.admission import Admission
-from llmserve.policy.permits import Permit, Permits
+from llmserve.policy.permits import Cost, Permit, Permits
 from llmserve.policy.rate_limits import KeyLimits, RateLimiter
 from llmserve.protocol.completions import CompletionRequest
 from llmserve.serving.completions import CompletionService
@@ -161,6 +161,64 @@ async def test_a_request_refused_by_admission_gives_its_request_and_tokens_back(
             await test.serve(Client())
         await running
         test.assert_nothing_held(requests_left=9, tokens_left=1000 - 3 - 20)
+
+
+async def test_a_refusal_is_decided_without_waiting_for_a_turn_of_the_event_loop() -> None:
+    """Under load every turn of the loop waits behind the streams' work: a door refusal that took
+    turns waited 6 ms at the median for 0.4 ms of its own."""
+    engine = slow_engine(0.05)
+    # Refused once planned (its 3 prompt tokens may not wait), not by the probe before planning.
+    async with harness("admission.max_waiting_prompt_tokens=2", engine=engine) as test:
+        running = test.serve(Client(), max_tokens=20)
+        await eventually(lambda: test.admission.running == 1)
+        body = CompletionRequest.model_validate({"model": MODEL, "prompt": "a b c", "max_tokens": 4})
+        observation = RequestObservation(test.metrics, ROUTE)
+        request = test.pipeline.serve(Client().request(), body, test.service, KEY, observation)
+        with pytest.raises(OverloadedError):
+            request.send(None)  # its first step, without yielding once, ends in the refusal
+        await running
+        test.assert_nothing_held(requests_left=9, tokens_left=1000 - 3 - 20)
+
+
+async def test_a_request_whose_max_tokens_cannot_be_served_in_time_is_refused_before_tokenizing() -> None:
+    engine = slow_engine(0.05)
+    tokenized: list[str] = []
+    tokenize = engine.tokenize
+
+    async def counting_tokenize(text: str) -> Any:
+        tokenized.append(text)
+        return await tokenize(text)
+
+    engine.tokenize = counting_tokenize  # type: ignore[method-assign]
+    # The prior service model: ~0.05 s a step. The running request keeps the one place ~1 s; a
+    # one-token request could wait that long within 2 s, one of 15 tokens could not.
+    async with harness("slo.e2e_s=2", engine=engine) as test:
+        running = test.serve(Client(), prompt="a b c", max_tokens=20)
+        await eventually(lambda: test.admission.running == 1)
+        with pytest.raises(OverloadedError):
+            await test.serve(Client(), prompt="never tokenized", max_tokens=15)
+        assert "never tokenized" not in tokenized
+        await running
+
+
+async def test_a_queued_request_cancelled_before_it_could_wait_leaves_the_queue_or_gives_its_room_back() -> (
+    None
+):
+    async with harness() as test:
+        blocker = test.permits.issue(ROUTE, KEY, 60, RequestObservation(test.metrics, ROUTE))
+        blocker.reserve(Cost(1, 3, 4))
+        assert blocker.admit_now()
+        for admitted_meanwhile in (False, True):
+            queued = test.permits.issue(ROUTE, KEY, 60, RequestObservation(test.metrics, ROUTE))
+            queued.reserve(Cost(1, 3, 4))
+            assert not queued.admit_now()
+            assert test.admission.waiting == 1
+            if admitted_meanwhile:  # the blocker ends: the queued ticket is admitted, nobody waits
+                blocker.release(completed=True)
+                assert (test.admission.running, test.admission.waiting) == (1, 0)
+            queued.release(completed=False)  # its waiter was cancelled before it ran
+            assert test.admission.waiting == 0
+        test.assert_nothing_held(requests_left=10, tokens_left=1000)  # none of them did any work
 
 
 async def test_over_the_keys_tokens_is_refused_and_costs_nothing() -> None:

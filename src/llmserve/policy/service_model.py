@@ -57,6 +57,29 @@ CORRECTION_QUANTILE = 0.5
 CORRECTION_BOUNDS = (0.5, 3.0)
 
 
+class TypicalRequest:
+    """A running average of the requests arriving: the size the batch limit is planned for."""
+
+    def __init__(self) -> None:
+        self._prompt_tokens = 0.0
+        self._tokens = 0.0
+        self._seen = 0
+
+    def observe(self, prompt_tokens: int, tokens: int) -> None:
+        weight = max(0.05, 1 / (self._seen + 1))
+        self._prompt_tokens += weight * (prompt_tokens - self._prompt_tokens)
+        self._tokens += weight * (tokens - self._tokens)
+        self._seen += 1
+
+    @property
+    def prompt_tokens(self) -> int:
+        return round(self._prompt_tokens)
+
+    @property
+    def tokens(self) -> int:
+        return max(1, round(self._tokens))
+
+
 @dataclass
 class _Average:
     value: float
@@ -82,6 +105,7 @@ class ServiceModel:
         self._fitted = True  # observations arrive per token, reads per request: fit on read
         self.engine_times_steps = False  # once it has: step samples carry their prompt tokens
         self.correction = 1.0
+        self.typical = TypicalRequest()
 
     def observe_step(self, batch: int, seconds: float) -> None:
         """A step measured between relayed tokens (the prompts it took in are not known)."""

@@ -82,7 +82,7 @@ class Pipeline:
         context = RequestContext(f"{service.id_prefix}-{uuid.uuid4().hex}", Observers(observation, permit))
         try:
             async with permit:
-                permit.check_capacity(request.n)  # 429 at once when it could not be served in time
+                permit.check_capacity(request.n, request.requested_max_tokens())  # 429 before any work
                 plan = await service.plan(engine, request, context)  # 400: validate, tokenize, fit
                 permit.reserve(plan.cost)  # 429: the key's tokens
                 await self._wait_for_slots(permit, http, observation)  # 429 when the queue gives up
@@ -100,7 +100,8 @@ class Pipeline:
 
     async def _wait_for_slots(self, permit: Permit, http: Request, observation: RequestObservation) -> None:
         queued_at = time.perf_counter()
-        await cancel_on_disconnect(asyncio.create_task(permit.admit()), http)
+        if not permit.admit_now():  # a refusal or a free slot takes no turn of the event loop
+            await cancel_on_disconnect(asyncio.create_task(permit.admit()), http)
         observation.on_admitted(time.perf_counter() - queued_at)
 
     async def _run(self, permit: Permit, http: Request, work: Coroutine[Any, Any, BaseModel]) -> BaseModel:
