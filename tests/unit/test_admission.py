@@ -104,6 +104,38 @@ async def test_the_correction_settles_on_the_engines_real_pace_instead_of_learni
     assert corrections[-30:] == pytest.approx([1.5] * 30)
 
 
+async def test_only_requests_that_ran_at_the_batch_admission_planned_on_teach_the_correction() -> None:
+    clock = FakeClock()
+    model = known_model(0.1, 0.01)
+    queue = admission(clock, model=model, max_in_flight=64)  # plans on 64 running
+    for engine_batch, pace in ((5, 0.5), (64, 1.5)):  # light load, then a full batch 1.5x slow
+        for _ in range(30):
+            ticket = await run(queue)
+            for _ in range(ticket.expected_tokens):  # steps as the fit predicts them
+                queue.observe_engine_step(model.step_s(engine_batch, corrected=False), engine_batch, 0)
+            clock.now += pace * ticket.predicted_s
+            queue.release(ticket, completed=True)
+        if engine_batch == 5:
+            assert model.correction == 1.0, "at a lighter batch it ran faster, as it would"
+    assert model.correction == pytest.approx(1.5)
+
+
+def test_a_batch_turning_over_is_predicted_to_take_its_newcomers_prompts_in_from_the_start_of_a_load() -> (
+    None
+):
+    model = known_model(0.02, 0.0015)
+    rng = random.Random(7)
+    for _ in range(3000):
+        batch, prompt_tokens = rng.randint(1, 64), rng.choice((0, 0, 0, 80, 160, 4000))
+        model.observe_engine_step(batch, 0.02 + 0.0015 * batch + 0.0002 * prompt_tokens, prompt_tokens)
+    for _ in range(200):  # a drain: the last steps took no prompts in
+        model.observe_engine_step(64, 0.02 + 0.0015 * 64, 0)
+    model.typical.observe(prompt_tokens=160, tokens=32)
+    # 64 running for 32 steps each: every step 2 finish and 2 start, 320 prompt tokens a step.
+    assert model.step_s(64) == pytest.approx(0.02 + 0.0015 * 64 + 0.0002 * 320, rel=0.02)
+    assert model.step_s(16) == pytest.approx(0.02 + 0.0015 * 16 + 0.0002 * 80, rel=0.02)
+
+
 def test_where_the_engine_times_its_steps_a_prompt_costs_what_its_tokens_add_to_a_step() -> None:
     model = ServiceModel()
     for batch, prompt_tokens in [(1, 0), (8, 0), (4, 500), (16, 100), (32, 1000), (2, 0)] * 20:

@@ -33,6 +33,9 @@ from llmserve.policy.service_model import ServiceModel
 from llmserve.policy.shared_state import EngineLoad
 
 MAX_RETRY_AFTER_S = 60
+# A finished request checks the prediction made at admission if it ran at this share of the batch
+# that prediction planned on, or more.
+RAN_AS_PLANNED = 0.8
 # With a group of API processes, how often waiters look for room freed by the others.
 GROUP_POLL_S = 0.005
 
@@ -52,6 +55,8 @@ class Ticket:
     admitted_at: float | None = None
     queued: bool = False  # waited for room: its outcome steers the headroom
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
+    planned_batch: int = 0  # the batch that prediction was made at
+    steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
     generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -67,6 +72,29 @@ class Ticket:
     @property
     def kv_tokens(self) -> int:
         return self.sequences * (self.prompt_tokens + self.expected_tokens)
+
+
+@dataclass(frozen=True)
+class StepsMark:
+    steps: int
+    batch_sum: int
+
+
+class BatchHistory:
+    """The batches of the engine's steps: the mean batch a request really ran with."""
+
+    def __init__(self) -> None:
+        self._now = StepsMark(0, 0)
+
+    def step(self, batch: int) -> None:
+        self._now = StepsMark(self._now.steps + 1, self._now.batch_sum + batch)
+
+    def mark(self) -> StepsMark:
+        return self._now
+
+    def mean_since(self, mark: StepsMark) -> float | None:
+        steps = self._now.steps - mark.steps
+        return (self._now.batch_sum - mark.batch_sum) / steps if steps > 0 else None
 
 
 class Admission:
@@ -91,6 +119,7 @@ class Admission:
         self._poller: asyncio.TimerHandle | None = None
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
+        self._batches = BatchHistory()
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
         self.loop_lag = EventLoopLag()
@@ -101,6 +130,7 @@ class Admission:
         step times from these rather than from the gaps between relayed tokens."""
         batch = engine_running if engine_running is not None else self.running
         self.model.observe_engine_step(batch, seconds, prompt_tokens)
+        self._batches.step(batch)
 
     @property
     def engine_times_steps(self) -> bool:
@@ -239,7 +269,8 @@ class Admission:
             if completed and ticket.admitted_at is not None:
                 now = self._clock()
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
-                self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
+                if self._ran_as_planned(ticket):
+                    self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
                 if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
                     self.headroom.observe(
                         ticket.deadline_at is None or now <= ticket.deadline_at, queued_at=ticket.arrived_at
@@ -256,9 +287,18 @@ class Admission:
         # refusing 30 % at half load.
         batch = max(self.running, self.batch_limit())
         ticket.predicted_s = self._service_s(ticket, batch, corrected=False)
+        ticket.planned_batch, ticket.steps_mark = batch, self._batches.mark()
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
+
+    def _ran_as_planned(self, ticket: Ticket) -> bool:
+        """Whether a finished request ran at about the batch its prediction was made at (where the
+        engine times its steps; else taken as so). One that ran lighter, below the batch limit or
+        in a drain, says nothing of the full batch: learned from, it made the correction halve
+        predictions at light load and lower them after each drain, just before the next load."""
+        mean_batch = None if ticket.steps_mark is None else self._batches.mean_since(ticket.steps_mark)
+        return mean_batch is None or mean_batch >= RAN_AS_PLANNED * ticket.planned_batch
 
     def _leave(self, ticket: Ticket) -> None:
         self._waiting.remove(ticket)

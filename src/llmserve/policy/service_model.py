@@ -4,9 +4,11 @@ A continuous-batching engine advances every running sequence by one token per st
 in the prompts of newly admitted requests in the same steps, so a request's time is its prefill
 plus its tokens times the step time at the batch it shares:
 
-    step(b)    = base + per_sequence * b + per_step_prompt_token * q
-                 seconds per step with b sequences running, where q is the prompt tokens steps
-                 usually take in now (a running average over the engine's recent steps)
+    step(b)    = base + per_sequence * b + per_step_prompt_token * q(b)
+                 seconds per step with b sequences running, where q(b) is the prompt tokens a
+                 step takes in: b * P / T with a batch of b turning over (each step, b / T of
+                 its typical requests of P prompt tokens and T tokens finish and as many new
+                 ones start: Little's law), or what steps took in lately if that is more
     prefill(p) = per_prompt_token * p        seconds to take a prompt of p tokens in
                  (where the engine times its steps: per_step_prompt_token, the plane's own
                  marginal cost of a prompt token in a step)
@@ -20,7 +22,9 @@ and the traffic of the last seconds) anchored at the step time of a sequence run
 which calibration measures before the server reports ready (serving/calibration.py) and light
 traffic keeps current; so an idle period changes nothing and a burst after it meets a real
 estimate. A burst's prompts make a few steps long; the prompt term explains them, rather than
-every later step being predicted as long. Each first token is a sample of prefill; each
+every later step being predicted as long; the turnover's share is counted from the start of a
+load (a running average of recent steps lagged it by 20-40 % after an idle spell or a drain).
+Each first token is a sample of prefill; each
 finished request, of share. Where the engine times its steps, first tokens teach nothing about
 prefill: a first token under light load also waits for every other prompt its step takes in (after
 an idle spell, a burst's: 10 ms a prompt token learned against a real 0.8 ms).
@@ -58,7 +62,8 @@ CORRECTION_BOUNDS = (0.5, 3.0)
 
 
 class TypicalRequest:
-    """A running average of the requests arriving: the size the batch limit is planned for."""
+    """A running average of the requests arriving: the size the batch limit is planned for and
+    what a turning-over batch takes in."""
 
     def __init__(self) -> None:
         self._prompt_tokens = 0.0
@@ -78,6 +83,10 @@ class TypicalRequest:
     @property
     def tokens(self) -> int:
         return max(1, round(self._tokens))
+
+    def prompt_tokens_per_step(self, batch: int) -> float:
+        """Prompt tokens per step of a batch of `batch` such requests, turning over."""
+        return batch * self._prompt_tokens / max(1.0, self._tokens) if self._seen else 0.0
 
 
 @dataclass
@@ -156,8 +165,10 @@ class ServiceModel:
         """One step at `batch`, as requests see it (corrected by what they really took)."""
         if not self._fitted:
             self._fit()
-        prompt_s = self._per_step_prompt_token * self._usual_step_prompt_tokens
-        return (self._base + self._per_sequence * max(1, batch) + prompt_s) * self._factor(corrected)
+        batch = max(1, batch)
+        prompt_tokens = max(self._usual_step_prompt_tokens, self.typical.prompt_tokens_per_step(batch))
+        prompt_s = self._per_step_prompt_token * prompt_tokens
+        return (self._base + self._per_sequence * batch + prompt_s) * self._factor(corrected)
 
     def prefill_s(self, prompt_tokens: int, corrected: bool = True) -> float:
         if not self._fitted:
