@@ -120,6 +120,28 @@ async def test_only_requests_that_ran_at_the_batch_admission_planned_on_teach_th
     assert model.correction == pytest.approx(1.5)
 
 
+async def test_a_long_request_is_planned_at_the_batch_arrivals_keep_running_not_a_limit_never_reached() -> (
+    None
+):
+    """Steps of 0.1 + 0.01 b s and an e2e target of 3 s: 10-token requests meet it up to 20
+    running, so admission fills the engine to 20; a 14-token request would be late at 20."""
+    for arrivals, admitted in ((0, True), (40, False)):
+        clock = FakeClock()
+        queue = admission(clock, slo=SloConfig(e2e_s=3.0), max_in_flight=100)
+        running = await run(queue, max_tokens=10)
+        for _ in range(arrivals):  # others arriving within the last second (refused elsewhere)
+            queue.ticket(1, 10, 10)
+        assert queue.batch_limit() == 20
+        long = queue.ticket(1, 10, 14)
+        if admitted:  # two arrivals in 2 s keep ~3 running: it is served in 1.8 s
+            assert queue.admit_now(long)
+            queue.release(long, completed=True)
+        else:  # 20 a second fill the 20 places: at 20 it would take 4.2 s
+            with pytest.raises(OverloadedError):
+                queue.admit_now(long)
+        queue.release(running, completed=True)
+
+
 def test_a_batch_turning_over_is_predicted_to_take_its_newcomers_prompts_in_from_the_start_of_a_load() -> (
     None
 ):
