@@ -368,11 +368,11 @@ class Admission:
         slo, most = self.slo, self.config.max_in_flight
         if slo.e2e_s is None and slo.tpot_s is None and slo.ttft_s is None:
             return most
-        prompt_tokens, tokens = self.model.typical.prompt_tokens, self.model.typical.tokens
+        prompt_tokens = self.model.typical.prompt_tokens
 
         def late(batch: int) -> bool:
             return self._too_slow_per_token(prompt_tokens, batch) or (
-                slo.e2e_s is not None and self.model.service_s(prompt_tokens, tokens, batch) > slo.e2e_s
+                slo.e2e_s is not None and self.model.typical_service_s(batch) > slo.e2e_s
             )
 
         # A step never gets shorter with more sequences running (the model's slope is >= 0), so
@@ -396,9 +396,7 @@ class Admission:
         now = self._clock()
         while self._arrivals and self._arrivals[0] < now - ARRIVAL_WINDOW_S:
             self._arrivals.popleft()
-        typical = self.model.typical
-        service_s = self.model.service_s(typical.prompt_tokens, typical.tokens, limit)
-        kept_running = math.ceil(len(self._arrivals) / ARRIVAL_WINDOW_S * service_s)
+        kept_running = math.ceil(len(self._arrivals) / ARRIVAL_WINDOW_S * self.model.typical_service_s(limit))
         return max(1, min(limit, max(self.running, kept_running)))
 
     def _too_slow_per_token(self, prompt_tokens: int, batch: int) -> bool:
@@ -434,8 +432,7 @@ class Admission:
         if position is not None:
             # Far back, each `limit` more ahead add one service time: no need to simulate them all.
             simulated = min(position, len(ahead) + 4 * limit)
-            typical = self.model.typical
-            typical_s = self.model.service_s(typical.prompt_tokens, typical.tokens, limit)
+            typical_s = self.model.typical_service_s(limit)
             beyond_s = (position - simulated) / limit * typical_s
             while len(ahead) > simulated:
                 ahead.pop()

@@ -128,7 +128,7 @@ class Permit:
         self._priority = priority
         self._cost: Cost | None = None
         self._ticket: Ticket | None = None  # admitted
-        self._waiting: Ticket | None = None  # may wait for room: admit_now could not run it
+        self._waiting: Ticket | None = None  # queued by admit_now, not yet waited for
         self._reserved_tokens = 0
         self._work_started = False
         self._handed_over = False

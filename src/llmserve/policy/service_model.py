@@ -195,6 +195,10 @@ class ServiceModel:
         between 0.5 and 2.3 under steady load, halving and doubling every prediction)."""
         return self.prefill_s(prompt_tokens, corrected) + tokens * self.step_s(batch, corrected)
 
+    def typical_service_s(self, batch: int) -> float:
+        """`service_s` of a typical request of the current traffic at `batch`."""
+        return self.service_s(self.typical.prompt_tokens, self.typical.tokens, batch)
+
     def _fit(self) -> None:
         """Weighted least squares over the recent samples and the anchor (alone: batch 1, no
         prompt), for base, per_sequence and per_step_prompt_token, none of them negative."""
