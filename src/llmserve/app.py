@@ -65,7 +65,7 @@ def create_app(
         admission.model.step_s,
         tuple(sorted({1, max(1, most // 4), most})),
         admission.model.prefill_s,
-        tail_margin=lambda: admission.queue_margin.seconds,
+        headroom=lambda: admission.headroom.share,
         batch_limit=admission.batch_limit,
     )
     generation = Generation(

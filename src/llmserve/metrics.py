@@ -159,10 +159,9 @@ class GatewayMetrics:
             registry=self.registry,
             multiprocess_mode="livemostrecent",
         )
-        self.tail_margin = Gauge(
-            "llmserve_admission_tail_margin_seconds",
-            "Seconds admission keeps to spare when it promises a queued request to be served in time: "
-            "the 99th percentile of how late recent such promises came true.",
+        self.headroom = Gauge(
+            "llmserve_admission_queue_headroom",
+            "Share of its wait budget a request may be promised to be queued (steered by outcomes).",
             ["model"],
             registry=self.registry,
             multiprocess_mode="livemostrecent",
@@ -216,15 +215,15 @@ class GatewayMetrics:
         step_s: Callable[[int], float],
         batches: tuple[int, ...],
         prefill_s: Callable[[int], float],
-        tail_margin: Callable[[], float],
+        headroom: Callable[[], float],
         batch_limit: Callable[[], int],
     ) -> None:
         """What admission predicts: the engine's step time at a few batch sizes, prefill cost; the
-        margin its promises to queued requests keep, and the batch it fills the engine to."""
+        share of a wait budget it promises, and the batch it fills the engine to."""
         for batch in batches:
             self._read(self.predicted_step.labels(self.model, str(batch)), partial(step_s, batch))
         self._read(self.predicted_prefill.labels(self.model), partial(prefill_s, 1000))
-        self._read(self.tail_margin.labels(self.model), tail_margin)
+        self._read(self.headroom.labels(self.model), headroom)
         self._read(self.batch_limit.labels(self.model), batch_limit)
 
     def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[str], int]) -> None:

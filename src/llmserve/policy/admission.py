@@ -6,11 +6,10 @@ an SLO, time: at the batch it would join, its predicted time in the engine meets
 and adding it pushes no running request that can still make its deadline past it. A request
 that does not fit waits in a fair queue (priority, then fair across keys) if its predicted wait
 leaves it time to meet its target (without an e2e target: to be admitted within
-`queue_timeout_s`), a promise made only with a margin to spare: the 99th percentile of how late
-recent promises to queued requests came true (policy/tail_margin.py). Otherwise it is refused at
-once, before any engine work, with 429 and a Retry-After of the predicted time until it would fit.
-Predictions come from the ServiceModel, which learns from every token the engine produces; there
-is always one.
+`queue_timeout_s`), with a margin steered by how the queued requests fared (policy/headroom.py);
+otherwise it is refused at once, before any engine work, with 429 and a Retry-After of the
+predicted time until it would fit. Predictions come from the ServiceModel,
+which learns from every token the engine produces; there is always one.
 """
 
 from __future__ import annotations
@@ -28,10 +27,10 @@ from dataclasses import dataclass, field
 from llmserve.config import AdmissionConfig, SloConfig
 from llmserve.errors import OverloadedError
 from llmserve.policy.fair_queue import FairQueue
+from llmserve.policy.headroom import Headroom
 from llmserve.policy.loop_lag import EventLoopLag
 from llmserve.policy.service_model import ServiceModel
 from llmserve.policy.shared_state import EngineLoad
-from llmserve.policy.tail_margin import TailMargin
 
 MAX_RETRY_AFTER_S = 60
 # A finished request checks the prediction made at admission if it ran at this share of the batch
@@ -55,11 +54,7 @@ class Ticket:
     expected_tokens: int = 0
     deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
     admitted_at: float | None = None
-    queued: bool = False  # waited for room: its outcome teaches the queue's margin
-    # Queued: when it was predicted to finish (with a deadline) or to be admitted (without), by
-    # the prediction that let it wait; what the queue's margin learns from.
-    promised_at: float | None = None
-    admission_promised_at: float | None = None  # and when it was predicted to be admitted
+    queued: bool = False  # waited for room: its outcome steers the headroom
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
     planned_batch: int = 0  # the batch that prediction was made at
     steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
@@ -127,8 +122,8 @@ class Admission:
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._batches = BatchHistory()
         self._arrivals: deque[float] = deque()  # when requests (planned, not probes) arrived
-        # The seconds a promise to a queued request keeps to spare.
-        self.queue_margin = TailMargin(slo.e2e_s or slo.ttft_s or config.queue_timeout_s, clock=clock)
+        # A request waits only if its predicted wait is within this share of the time it has.
+        self.headroom = Headroom(clock=clock)
         self.loop_lag = EventLoopLag()
         self._max_loop_lag_s = config.max_loop_lag_s or (slo.e2e_s / 10 if slo.e2e_s else None)
 
@@ -202,16 +197,12 @@ class Admission:
         ):
             raise self._refuse(ticket, "The server is at capacity: too many prompt tokens are waiting.")
         wait, budget = self._predicted_wait_s(ticket), self._wait_budget_s(ticket)
-        if self.config.shed_by_estimate and wait + self._queue_margin_s() > budget:
+        if self.config.shed_by_estimate and wait > self.headroom.share * budget:
             raise self._refuse(
                 ticket,
                 f"The server is overloaded: this request would wait about {wait:.1f} s, "
                 f"{self._budget_reason(ticket)} leaves {max(0.0, budget):.1f} s.",
             )
-        # Promised: admitted after `wait`, then (with a deadline) served as predicted now.
-        ticket.admission_promised_at = ticket.promised_at = self._clock() + wait
-        if ticket.deadline_at is not None:
-            ticket.promised_at += self._service_s(ticket, self.planned_batch())
 
     async def admit(self, ticket: Ticket) -> None:
         """Run `ticket` now, or wait for room in the fair queue; raise OverloadedError when it
@@ -283,8 +274,10 @@ class Admission:
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 if self._ran_as_planned(ticket):
                     self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
-                if ticket.queued and ticket.deadline_at is not None and ticket.promised_at is not None:
-                    self.queue_margin.observe(ticket.promised_at, now)
+                if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
+                    self.headroom.observe(
+                        ticket.deadline_at is None or now <= ticket.deadline_at, queued_at=ticket.arrived_at
+                    )
         self._admit_waiters()
 
     def _start(self, ticket: Ticket) -> None:
@@ -298,8 +291,6 @@ class Admission:
         batch = max(self.running, self.planned_batch())
         ticket.predicted_s = self._service_s(ticket, batch, corrected=False)
         ticket.planned_batch, ticket.steps_mark = batch, self._batches.mark()
-        if ticket.queued and ticket.deadline_at is None and ticket.promised_at is not None:
-            self.queue_margin.observe(ticket.promised_at, ticket.admitted_at)  # promised: admitted by then
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
@@ -350,7 +341,8 @@ class Admission:
 
     def _fits(self, ticket: Ticket, now: float) -> bool:
         """Room now: slots and KV for it within the batch limit, and time to finish by its
-        deadline at the batch it plans to share. Alone it is served, whatever its targets."""
+        deadline even once the batch has grown to that limit. Alone it is served, whatever its
+        targets."""
         return self._room(ticket, now, self._load.has_room)
 
     def _take(self, ticket: Ticket, now: float) -> bool:
@@ -369,17 +361,6 @@ class Admission:
     def _too_late(self, ticket: Ticket, now: float, limit: int) -> bool:
         deadline = ticket.deadline_at
         return deadline is not None and now + self._service_s(ticket, limit) > deadline
-
-    def _queue_margin_s(self) -> float:
-        """To spare for a promise to wait: what recent promises needed, or, if more, how far the
-        next queued request is behind its own promise now. Outcomes come due a wait and a service
-        after the promise (seconds on the CPU engine): while predictions turn optimistic, as under
-        3x overload where errors grew from 0.5 s to 3 s within ten seconds, the queue running
-        behind says so at once."""
-        head = self._waiting.peek()
-        promised = None if head is None else head.admission_promised_at
-        behind_s = 0.0 if promised is None else self._clock() - promised
-        return max(self.queue_margin.seconds, behind_s)
 
     def batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
@@ -490,14 +471,10 @@ class Admission:
         """429 with a Retry-After of when there should be room for it, behind those waiting and
         those refused before it that were told to come back (so a refused burst comes back spread
         out, not as one herd): when the waiting room has a place, and waiting then leaves it time.
-        A queued request refused after waiting broke its promise: by how much, the queue's margin
-        learns (at least: it was then predicted to finish that late, or not admitted even now)."""
+        A queued request refused after waiting is a miss the headroom learns from."""
+        if after_waiting:
+            self.headroom.observe(met_target=False, queued_at=ticket.arrived_at)
         now = self._clock()
-        if after_waiting and ticket.promised_at is not None:
-            finish = (
-                now + self._service_s(ticket, self.planned_batch()) if ticket.deadline_at is not None else now
-            )
-            self.queue_margin.observe(ticket.promised_at, finish)
         while self._told_to_retry and self._told_to_retry[0] <= now:
             self._told_to_retry.pop(0)
         position = self.waiting + len(self._told_to_retry)
@@ -507,7 +484,7 @@ class Admission:
             if (position >= self.config.max_waiting)
             else 0.0
         )
-        allowed = max(0.0, self._wait_budget_s(ticket)) - self._queue_margin_s()
+        allowed = self.headroom.share * max(0.0, self._wait_budget_s(ticket))
         retry_after = _seconds(max(room_at, admitted_at - allowed))
         bisect.insort(self._told_to_retry, now + retry_after)
         return OverloadedError(message, retry_after, after_waiting)

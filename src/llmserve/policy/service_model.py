@@ -53,10 +53,9 @@ SHARE_WINDOW = 200  # finished requests that estimate the share of max_tokens us
 SHARE_QUANTILE = 0.9
 # Predictions are checked against what finished requests really took: the median of actual /
 # predicted over recent requests scales every prediction (within these bounds), so predictions
-# are unbiased; the margin for the tail is admission's, learned from how late its promises came
-# true (policy/tail_margin.py). (A 90th percentile here stacked a margin on every term: at 64
-# running it predicted 1.7x the real step, refused every request longer than typical and queued
-# none of a burst.)
+# are unbiased; the margin for the tail is the queue's headroom (policy/headroom.py), steered by
+# outcomes. (A 90th percentile here stacked a margin on every term: at 64 running it predicted
+# 1.7x the real step, refused every request longer than typical and queued none of a burst.)
 CORRECTION_WINDOW = 200
 CORRECTION_QUANTILE = 0.5
 CORRECTION_BOUNDS = (0.5, 3.0)

@@ -1,0 +1,70 @@
+"""How much of its wait budget a queued request may be promised, steered by those that waited.
+
+A request that cannot run at once is queued only if its predicted wait is at most `share` of the
+time it has (its latency target less its predicted service; without targets, queue_timeout_s).
+Predictions err both ways and the SLO is a 99th percentile, so the share is steered by outcomes,
+as a congestion window is: each queued request that met its target raises it a little, each that
+missed (finished after its deadline, or refused after waiting) lowers it MISS_COST. At equilibrium
+TARGET_MISS_SHARE of the queued requests miss, and the queue takes as much as that allows: more
+when predictions are pessimistic (fewer false refusals), less when they are optimistic (fewer
+late answers and slow refusals). Never more than the whole budget.
+
+A miss lowers the share once per cut, as TCP halves its window once per round trip: a request
+queued before the last cut was promised its place under the share that cut already lowered, so
+its miss says nothing new. (Misses come in clusters, when a burst's prompts lengthen the steps
+for every request queued behind them: counted one by one, four misses within a second took the
+share from 0.8 to its floor, and the engine then ran half full while the queue refused.)
+
+What outcomes taught fades when none come: after IDLE_S without one, the share returns toward
+where it starts (time constant RELAX_S), so a burst after a quiet spell is not judged by the
+misses of an overload long past.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+TARGET_MISS_SHARE = 0.01  # the SLO's percentile: 99 in 100 queued requests meet it
+START_SHARE = 0.8
+SHARE_BOUNDS = (0.3, 1.0)
+MISS_COST = 0.2
+# Balances MISS_COST at the target: (1 - p) * gain = p * cost.
+MET_GAIN = MISS_COST * TARGET_MISS_SHARE / (1 - TARGET_MISS_SHARE)
+IDLE_S = 5.0
+RELAX_S = 30.0
+
+
+class Headroom:
+    def __init__(self, share: float = START_SHARE, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._learned = share
+        self._learned_at = clock()
+        self._cut_at = -math.inf
+        self.met = 0
+        self.missed = 0
+
+    @property
+    def share(self) -> float:
+        quiet_s = self._clock() - self._learned_at - IDLE_S
+        if quiet_s <= 0:
+            return self._learned
+        return START_SHARE + (self._learned - START_SHARE) * math.exp(-quiet_s / RELAX_S)
+
+    @share.setter
+    def share(self, value: float) -> None:
+        self._learned, self._learned_at = value, self._clock()
+
+    def observe(self, met_target: bool, queued_at: float | None = None) -> None:
+        """A queued request's outcome; `queued_at`: when it was queued (by this clock)."""
+        low, high = SHARE_BOUNDS
+        if met_target:
+            self.met += 1
+            self.share = min(high, self.share + MET_GAIN)
+            return
+        self.missed += 1
+        if queued_at is not None and queued_at < self._cut_at:
+            return
+        self.share = max(low, self.share - MISS_COST)
+        self._cut_at = self._clock()
