@@ -13,7 +13,11 @@ A miss lowers the share once per cut, as TCP halves its window once per round tr
 queued before the last cut was promised its place under the share that cut already lowered, so
 its miss says nothing new. (Misses come in clusters, when a burst's prompts lengthen the steps
 for every request queued behind them: counted one by one, four misses within a second took the
-share from 0.8 to its floor, and the engine then ran half full while the queue refused.)
+share from 0.8 to its floor, and the engine then ran half full while the queue refused.) Nor does
+its success raise the share again, as TCP in fast recovery grows its window only once the data
+sent after the cut is acknowledged: the queue behind a cut met its targets, and those met at
++0.2 % each undid a cut within 8 s, while the load ramp that caused it still ran and the next
+promises at the old share came true late.
 
 What outcomes taught fades when none come: after IDLE_S without one, the share returns toward
 where it starts (time constant RELAX_S), so a burst after a quiet spell is not judged by the
@@ -59,12 +63,14 @@ class Headroom:
     def observe(self, met_target: bool, queued_at: float | None = None) -> None:
         """A queued request's outcome; `queued_at`: when it was queued (by this clock)."""
         low, high = SHARE_BOUNDS
+        before_cut = queued_at is not None and queued_at < self._cut_at
         if met_target:
             self.met += 1
-            self.share = min(high, self.share + MET_GAIN)
+            if not before_cut:
+                self.share = min(high, self.share + MET_GAIN)
             return
         self.missed += 1
-        if queued_at is not None and queued_at < self._cut_at:
+        if before_cut:
             return
         self.share = max(low, self.share - MISS_COST)
         self._cut_at = self._clock()
