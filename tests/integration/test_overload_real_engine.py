@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import statistics
 import time
@@ -98,6 +99,17 @@ def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_dead
         == 200
     )
     assert limited_server.rss_mb() - rss_before < 500, "memory stays bounded"
+
+
+def test_before_it_reports_ready_it_has_measured_what_a_prompt_adds_to_a_step(
+    limited_server: ServerProcess,
+) -> None:
+    """Calibration sends prompts into a running batch, so that a fresh server's first burst is
+    predicted with what its prompts cost the steps that take them in, not as if they were free."""
+    line = next(line for line in limited_server.log().splitlines() if "admission's service model" in line)
+    per_prompt_token = re.search(r"\+ (\d+) µs per prompt token it takes in", line)
+    assert per_prompt_token is not None, line
+    assert int(per_prompt_token.group(1)) > 0, line
 
 
 def test_killed_engine_fails_in_flight_work_turns_health_503_and_exits_nonzero(

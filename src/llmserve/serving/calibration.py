@@ -1,10 +1,15 @@
 """Calibrates admission's service model before the server reports ready: a few short greedy
 generations alone and side by side give the engine's step time at two batch sizes and its
-prefill rate, so the first burst after start-up (or after any idle time) meets a real estimate."""
+prefill rate, and prompts of three lengths sent into a running batch give what a prompt adds
+to the step that takes it in, so the first burst after start-up (or after any idle time) meets a
+real estimate. (Without that last part the plane learned its prompt term only from the first
+load's own steps: through a fresh server's first ramp it predicted steps at a third of their
+length, and the correction it learned from them refused the queue's heads after waiting.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from contextlib import aclosing
 
@@ -14,6 +19,9 @@ from llmserve.policy.service_model import ServiceModel
 PROMPT = "Count from one to a hundred, one number per line: one, two, three, four, five,"
 TOKENS = 8
 BATCHES = (1, 8)
+RUNNING = 4  # the batch the newcomers' prompts are taken into
+NEWCOMER_PROMPT_REPEATS = (1, 2, 4, 8)  # a newcomer's prompt: this many times PROMPT
+STEP_WAIT_S = 1.0  # at most this long for a running request's next token
 
 
 async def calibrate(engine: EngineClient, model: ServiceModel) -> None:
@@ -35,3 +43,48 @@ async def calibrate(engine: EngineClient, model: ServiceModel) -> None:
 
     for batch in BATCHES:
         await asyncio.gather(*(one(batch, index) for index in range(batch)))
+    await _prompts_into_a_running_batch(engine)
+
+
+async def _prompts_into_a_running_batch(engine: EngineClient) -> None:
+    """Newcomers of several prompt lengths, one at a time, while RUNNING requests keep decoding:
+    the engine times each step by the running requests' tokens (engine/step_stats.py), so the
+    steps that take a prompt in are samples of what its tokens cost."""
+    newcomers = [await engine.tokenize(PROMPT * repeats) for repeats in NEWCOMER_PROMPT_REPEATS]
+    first = SamplingSpec(max_tokens=1, temperature=0.0, ignore_eos=True)
+    # Long enough to outlast the newcomers; stopped once they are done.
+    running = SamplingSpec(max_tokens=2 * TOKENS * (len(newcomers) + 1), temperature=0.0, ignore_eos=True)
+    token = asyncio.Event()  # a running request got a token (or ended): the batch moved on
+    newcomers_done = asyncio.Event()
+    still_running = RUNNING
+
+    async def keep_running(index: int) -> None:
+        nonlocal still_running
+        prompt = await engine.tokenize(PROMPT)
+        generation = engine.generate(prompt, running, f"llmserve-calibration-running-{index}")
+        try:
+            async with aclosing(generation) as deltas:
+                async for delta in deltas:
+                    if delta.token_ids:
+                        token.set()
+                    if newcomers_done.is_set():
+                        return
+        finally:
+            still_running -= 1
+            token.set()
+
+    async def newcomers_one_by_one() -> None:
+        for index, prompt in enumerate(newcomers):
+            for _ in range(2):  # steps of decoding alone before each newcomer
+                if not still_running:
+                    break
+                token.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(token.wait(), STEP_WAIT_S)
+            generation = engine.generate(prompt, first, f"llmserve-calibration-newcomer-{index}")
+            async with aclosing(generation) as deltas:
+                async for _ in deltas:
+                    pass
+        newcomers_done.set()
+
+    await asyncio.gather(newcomers_one_by_one(), *(keep_running(index) for index in range(RUNNING)))
