@@ -107,17 +107,36 @@ async def test_the_correction_settles_on_the_engines_real_pace_instead_of_learni
 async def test_only_requests_that_ran_at_the_batch_admission_planned_on_teach_the_correction() -> None:
     clock = FakeClock()
     model = known_model(0.1, 0.01)
-    queue = admission(clock, model=model, max_in_flight=64)  # plans on 64 running
-    for engine_batch, pace in ((5, 0.5), (64, 1.5)):  # light load, then a full batch 1.5x slow
+    queue = admission(clock, model=model, max_in_flight=64)
+    # A fifth of the batch admission planned on, then the batch it planned on, 1.5x slow.
+    for share_of_plan, pace in ((0.2, 0.5), (1.0, 1.5)):
         for _ in range(30):
             ticket = await run(queue)
+            engine_batch = max(1, round(share_of_plan * ticket.planned_batch))
             for _ in range(ticket.expected_tokens):  # steps as the fit predicts them
                 queue.observe_engine_step(model.step_s(engine_batch, corrected=False), engine_batch, 0)
             clock.now += pace * ticket.predicted_s
             queue.release(ticket, completed=True)
-        if engine_batch == 5:
+        if share_of_plan < 1:
             assert model.correction == 1.0, "at a lighter batch it ran faster, as it would"
     assert model.correction == pytest.approx(1.5)
+
+
+async def test_a_request_that_ran_in_a_heavier_batch_than_planned_teaches_the_correction_nothing() -> None:
+    """The first requests of a load are planned at the few arrivals so far; the rest then join
+    them, and they take longer, as they would: the model is not wrong at the batch it planned."""
+    clock = FakeClock()
+    model = known_model(0.1, 0.01)
+    queue = admission(clock, model=model, max_in_flight=64)
+    for _ in range(30):
+        clock.now += 60.0  # arrivals far apart: each plans to run nearly alone
+        ticket = await run(queue)
+        assert ticket.planned_batch < 8
+        for _ in range(ticket.expected_tokens):  # but 64 sequences ran beside it
+            queue.observe_engine_step(model.step_s(64, corrected=False), 64, 0)
+        clock.now += 3 * ticket.predicted_s
+        queue.release(ticket, completed=True)
+    assert model.correction == 1.0
 
 
 async def test_a_long_request_is_planned_at_the_batch_arrivals_keep_running_not_a_limit_never_reached() -> (
@@ -129,8 +148,10 @@ async def test_a_long_request_is_planned_at_the_batch_arrivals_keep_running_not_
         clock = FakeClock()
         queue = admission(clock, slo=SloConfig(e2e_s=3.0), max_in_flight=100)
         running = await run(queue, max_tokens=10)
-        for _ in range(arrivals):  # others arriving within the last second (refused elsewhere)
-            queue.ticket(1, 10, 10)
+        for _ in range(arrivals):  # others admitted within the last second (and gone again)
+            other = queue.ticket(1, 10, 10)
+            assert queue.admit_now(other)
+            queue.release(other, completed=False)
         assert queue.batch_limit() == 20
         long = queue.ticket(1, 10, 14)
         if admitted:  # two arrivals in 2 s keep ~3 running: it is served in 1.8 s
@@ -140,6 +161,27 @@ async def test_a_long_request_is_planned_at_the_batch_arrivals_keep_running_not_
             with pytest.raises(OverloadedError):
                 queue.admit_now(long)
         queue.release(running, completed=True)
+
+
+async def test_requests_refused_at_the_door_are_not_planned_on_as_part_of_the_batch() -> None:
+    clock = FakeClock()
+    queue = admission(clock, slo=SloConfig(e2e_s=3.0), max_in_flight=100)
+    for _ in range(40):  # 20 a second arrive and are refused before they are admitted or queued
+        queue.ticket(1, 10, 10)
+    assert queue.planned_batch() == 1
+
+
+async def test_the_batch_arrivals_keep_running_is_littles_law_at_that_batch_not_at_the_limit() -> None:
+    """Steps of 0.1 + 0.01 b s, 10-token requests: a request takes 1 + 0.1 b s at a batch of b.
+    5 a second keep N = 5 (1 + 0.1 N) = 10 running (11, rounded up as it settles), where the
+    service at the limit of 64 (7.4 s) would say 37."""
+    clock = FakeClock()
+    queue = admission(clock, max_in_flight=64)
+    for _ in range(10):  # 5 a second over the last 2 s, each gone again
+        other = queue.ticket(1, 10, 10)
+        assert queue.admit_now(other)
+        queue.release(other, completed=False)
+    assert queue.planned_batch() == 11
 
 
 def test_a_batch_turning_over_is_predicted_to_take_its_newcomers_prompts_in_from_the_start_of_a_load() -> (
