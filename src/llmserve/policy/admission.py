@@ -413,10 +413,10 @@ class Admission:
         # the batch, so each step shrinks it; it settles within a few).
         kept_running = limit
         for _ in range(KEPT_RUNNING_STEPS):
-            smaller = math.ceil(rate * self.model.typical_service_s(kept_running))
+            smaller = max(1, math.ceil(rate * self.model.typical_service_s(kept_running)))
             if smaller >= kept_running:
                 break
-            kept_running = max(1, smaller)
+            kept_running = smaller
         return max(1, min(limit, max(self.running, kept_running)))
 
     def _too_slow_per_token(self, prompt_tokens: int, batch: int) -> bool:

@@ -1,10 +1,10 @@
 """Calibrates admission's service model before the server reports ready: a few short greedy
 generations alone and side by side give the engine's step time at two batch sizes and its
-prefill rate, and prompts of three lengths sent into a running batch give what a prompt adds
+prefill rate, and prompts of four lengths sent into a running batch give what a prompt adds
 to the step that takes it in, so the first burst after start-up (or after any idle time) meets a
 real estimate. (Without that last part the plane learned its prompt term only from the first
-load's own steps: through a fresh server's first ramp it predicted steps at a third of their
-length, and the correction it learned from them refused the queue's heads after waiting.)"""
+load's own steps: a fresh server predicted its first ramp as if prompts were free, 0 µs a token,
+and those steps ran 1.5-2.5x the prediction.)"""
 
 from __future__ import annotations
 
