@@ -9,9 +9,8 @@ and those steps ran 1.5-2.5x the prediction.)"""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 
 from llmserve.engine.base import EngineClient, SamplingSpec
 from llmserve.policy.service_model import ServiceModel
@@ -51,6 +50,7 @@ async def _prompts_into_a_running_batch(engine: EngineClient) -> None:
     the engine times each step by the running requests' tokens (engine/step_stats.py), so the
     steps that take a prompt in are samples of what its tokens cost."""
     newcomers = [await engine.tokenize(PROMPT * repeats) for repeats in NEWCOMER_PROMPT_REPEATS]
+    running_prompt = await engine.tokenize(PROMPT)
     first = SamplingSpec(max_tokens=1, temperature=0.0, ignore_eos=True)
     # Long enough to outlast the newcomers; stopped once they are done.
     running = SamplingSpec(max_tokens=2 * TOKENS * (len(newcomers) + 1), temperature=0.0, ignore_eos=True)
@@ -60,8 +60,7 @@ async def _prompts_into_a_running_batch(engine: EngineClient) -> None:
 
     async def keep_running(index: int) -> None:
         nonlocal still_running
-        prompt = await engine.tokenize(PROMPT)
-        generation = engine.generate(prompt, running, f"llmserve-calibration-running-{index}")
+        generation = engine.generate(running_prompt, running, f"llmserve-calibration-running-{index}")
         try:
             async with aclosing(generation) as deltas:
                 async for delta in deltas:
@@ -79,7 +78,7 @@ async def _prompts_into_a_running_batch(engine: EngineClient) -> None:
                 if not still_running:
                     break
                 token.clear()
-                with contextlib.suppress(TimeoutError):
+                with suppress(TimeoutError):
                     await asyncio.wait_for(token.wait(), STEP_WAIT_S)
             generation = engine.generate(prompt, first, f"llmserve-calibration-newcomer-{index}")
             async with aclosing(generation) as deltas:
