@@ -177,16 +177,35 @@ async def test_the_batch_arrivals_keep_running_is_littles_law_at_that_batch_not_
     service at the limit of 64 (7.4 s) would say 37."""
     clock = FakeClock()
     queue = admission(clock, max_in_flight=64)
-    for _ in range(10):  # 5 a second over the last 2 s, each gone again
+    start = clock.now
+    for arrival in range(10):  # 5 a second over the last 2 s, each gone again
+        clock.now = start + 0.2 * arrival
         other = queue.ticket(1, 10, 10)
         assert queue.admit_now(other)
         queue.release(other, completed=False)
+    clock.now = start + 2.0
     assert queue.planned_batch() == 11
 
 
-def test_a_batch_turning_over_is_predicted_to_take_its_newcomers_prompts_in_from_the_start_of_a_load() -> (
-    None
-):
+async def test_at_the_start_of_a_load_the_arrival_rate_is_counted_from_its_first_request() -> None:
+    """After an idle spell, 10 requests within half a second: 20 a second, not the 5 a second
+    they would be over the last 2 s. At 20 a second no batch keeps up (each request adds 0.1 s
+    to the others' 1 s): the engine will run at the limit."""
+    clock = FakeClock()
+    queue = admission(clock, max_in_flight=64)
+    clock.now += 600
+    for _ in range(10):
+        other = queue.ticket(1, 10, 10)
+        assert queue.admit_now(other)
+        queue.release(other, completed=False)
+        clock.now += 0.05
+    assert queue.planned_batch() == 64
+
+
+def turning_over_model() -> ServiceModel:
+    """A model whose engine timed steps of 0.02 + 0.0015 b + 0.0002 q s (b running, q prompt
+    tokens taken in), the last 200 after a load (no prompts), for requests of 160 prompt tokens
+    and 32 tokens."""
     model = known_model(0.02, 0.0015)
     rng = random.Random(7)
     for _ in range(3000):
@@ -195,9 +214,42 @@ def test_a_batch_turning_over_is_predicted_to_take_its_newcomers_prompts_in_from
     for _ in range(200):  # a drain: the last steps took no prompts in
         model.observe_engine_step(64, 0.02 + 0.0015 * 64, 0)
     model.typical.observe(prompt_tokens=160, tokens=32)
+    return model
+
+
+def test_a_batch_turning_over_is_predicted_to_take_its_newcomers_prompts_in_from_the_start_of_a_load() -> (
+    None
+):
+    model = turning_over_model()
     # 64 running for 32 steps each: every step 2 finish and 2 start, 320 prompt tokens a step.
     assert model.step_s(64) == pytest.approx(0.02 + 0.0015 * 64 + 0.0002 * 320, rel=0.02)
     assert model.step_s(16) == pytest.approx(0.02 + 0.0015 * 16 + 0.0002 * 80, rel=0.02)
+
+
+def test_a_step_takes_in_no_more_prompt_tokens_than_the_queue_and_the_arrivals_bring() -> None:
+    model = turning_over_model()
+    assert model.step_s(64, inflow=0) == pytest.approx(0.02 + 0.0015 * 64, rel=0.02)
+    assert model.step_s(64, inflow=100) == pytest.approx(0.02 + 0.0015 * 64 + 0.0002 * 100, rel=0.02)
+    assert model.step_s(64, inflow=10_000) == pytest.approx(model.step_s(64))
+
+
+async def test_as_a_burst_drains_a_request_is_planned_without_the_prompts_nobody_is_bringing() -> None:
+    """Turning over at 40 running, each step takes 200 prompt tokens in (0.12 s a step), so a
+    34-token request would take 4.1 s, past its 4 s target. Once nothing has arrived for 2 s and
+    nothing waits, no prompt comes in: its steps take 0.08 s, 2.8 s in all."""
+    for quiet_s, admitted in ((0.0, False), (3.0, True)):
+        clock = FakeClock()
+        slo = SloConfig(e2e_s=4.0)
+        queue = admission(clock, slo=slo, model=turning_over_model(), max_in_flight=100, max_waiting=10)
+        for _ in range(40):  # a burst, all admitted at once
+            assert queue.admit_now(queue.ticket(1, 160, 32))
+        clock.now += quiet_s
+        long = queue.ticket(1, 160, 34)
+        if admitted:
+            assert queue.admit_now(long)
+        else:
+            with pytest.raises(OverloadedError, match="latency target"):
+                queue.admit_now(long)
 
 
 def test_where_the_engine_times_its_steps_a_prompt_costs_what_its_tokens_add_to_a_step() -> None:
@@ -261,6 +313,26 @@ async def test_without_an_e2e_target_a_request_waits_at_most_queue_timeout_s() -
     with pytest.raises(OverloadedError, match="waited"):
         await run(queue)
     assert queue.waiting == 0
+
+
+async def test_a_queued_request_whose_wait_runs_out_waits_on_while_it_still_has_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its time left is looked at again when its wait runs out: the queue ahead of it may have
+    drained meanwhile, so that it needs less time in the engine than when it began to wait."""
+    queue = admission(queue_timeout_s=5, shed_by_estimate=False)
+    running = await run(queue, sequences=2)
+    time_left_s = 0.05
+    monkeypatch.setattr(queue, "_wait_budget_s", lambda ticket: time_left_s)
+    waiter = asyncio.create_task(run(queue))
+    await asyncio.sleep(0.01)
+    time_left_s = 0.5  # the queue ahead drained: the engine will serve it faster
+    await asyncio.sleep(0.1)  # past the 0.05 s it had when it began to wait
+    assert not waiter.done()
+    assert queue.waiting == 1
+    queue.release(running, completed=False)
+    await waiter
+    assert queue.running == 1
 
 
 async def test_a_cancelled_waiter_leaves_the_queue_and_takes_no_slot() -> None:

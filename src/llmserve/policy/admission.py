@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import heapq
 import math
 import sys
@@ -37,9 +38,11 @@ MAX_RETRY_AFTER_S = 60
 # this factor of the batch that prediction planned on, either way.
 RAN_AS_PLANNED = 0.8
 ARRIVAL_WINDOW_S = 2.0  # the arrival rate that sets the batch a request will share
+RATE_FROM_FIRST_ARRIVALS = 8  # fewer within the window: a trickle, measured over all of it
 KEPT_RUNNING_STEPS = 16  # iterations of Little's law for the batch arrivals keep running
 # With a group of API processes, how often waiters look for room freed by the others.
 GROUP_POLL_S = 0.005
+MIN_WAIT_S = 0.01  # a queued request waits on only if its wait would end this much later
 
 
 @dataclass(eq=False)
@@ -120,6 +123,7 @@ class Admission:
         self._in_group = load is not None
         self._poller: asyncio.TimerHandle | None = None
         self._waiting: FairQueue[Ticket] = FairQueue()
+        self._waiting_prompt_tokens = 0
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._batches = BatchHistory()
         self._arrivals: deque[float] = deque()  # when requests admitted or queued (not probes) arrived
@@ -162,7 +166,8 @@ class Admission:
             expected_tokens=self.model.expected_tokens(max_tokens),
         )
         target = self.slo.e2e_s
-        if target is not None and self._service_s(ticket, ticket.sequences) <= target:
+        alone_s = self.model.service_s(prompt_tokens, ticket.expected_tokens, ticket.sequences)
+        if target is not None and alone_s <= target:
             ticket.deadline_at = now + target
         if prompt_tokens > 0:  # not the probe before planning
             self.model.typical.observe(prompt_tokens, ticket.expected_tokens)
@@ -191,10 +196,7 @@ class Admission:
             return
         if self.waiting >= self.config.max_waiting:
             raise self._refuse(ticket, "The server is at capacity: too many requests are waiting.")
-        if (
-            sum(t.prompt_tokens for t in self._waiting) + ticket.prompt_tokens
-            > self.config.max_waiting_prompt_tokens
-        ):
+        if self._waiting_prompt_tokens + ticket.prompt_tokens > self.config.max_waiting_prompt_tokens:
             raise self._refuse(ticket, "The server is at capacity: too many prompt tokens are waiting.")
         wait, budget = self._predicted_wait_s(ticket), self._wait_budget_s(ticket)
         if self.config.shed_by_estimate and wait > self.headroom.share * budget:
@@ -224,6 +226,7 @@ class Admission:
             return True
         ticket.queued = True
         self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
+        self._waiting_prompt_tokens += ticket.sequences * ticket.prompt_tokens
         self._admit_waiters()
         if ticket.admitted.done():  # the queue moved at once: it runs, or was found too late
             ticket.admitted.result()  # raises its refusal
@@ -236,18 +239,24 @@ class Admission:
         """Wait for the turn of a ticket `admit_now` queued; raise OverloadedError when it can no
         longer be served in time. A caller cancelled while waiting leaves the queue; one cancelled
         just as it was admitted gives its place back."""
-        budget = max(self._wait_budget_s(ticket), 0.01)
+        # When its wait runs out it is looked at again: the queue and the arrivals may have run
+        # dry meanwhile, so that it now needs less time in the engine than when it began to wait.
+        wait_until = -math.inf
         try:
-            await asyncio.wait_for(asyncio.shield(ticket.admitted), budget)
-        except TimeoutError:
-            if ticket.admitted.done():
-                return
-            self._leave(ticket)
-            raise self._refuse(
-                ticket,
-                f"The request waited {budget:.1f} s without room to be served in time.",
-                after_waiting=True,
-            ) from None
+            while not ticket.admitted.done():
+                now = self._clock()
+                if now + self._wait_budget_s(ticket) < wait_until + MIN_WAIT_S:
+                    self._leave(ticket)
+                    raise self._refuse(
+                        ticket,
+                        f"The request waited {now - ticket.arrived_at:.1f} s without room to be "
+                        "served in time.",
+                        after_waiting=True,
+                    )
+                wait_until = now + max(self._wait_budget_s(ticket), MIN_WAIT_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(ticket.admitted), wait_until - now)
+            ticket.admitted.result()  # raises its refusal if the queue found it too late
         except OverloadedError:  # refused while waiting: it could no longer be served in time
             raise
         except BaseException:
@@ -312,6 +321,7 @@ class Admission:
 
     def _leave(self, ticket: Ticket) -> None:
         self._waiting.remove(ticket)
+        self._waiting_prompt_tokens -= ticket.sequences * ticket.prompt_tokens
         ticket.admitted.cancel()
         self._admit_waiters()
 
@@ -321,9 +331,9 @@ class Admission:
         now = self._clock()
         while (head := self._waiting.peek()) is not None:
             if self._take(head, now):
-                self._start(self._waiting.pop())
+                self._start(self._pop_waiting())
             elif self._too_late(head, now, self.planned_batch()):
-                self._waiting.pop()
+                self._pop_waiting()
                 head.admitted.set_exception(
                     self._refuse(
                         head,
@@ -333,6 +343,11 @@ class Admission:
                 )
             else:
                 return
+
+    def _pop_waiting(self) -> Ticket:
+        ticket = self._waiting.pop()
+        self._waiting_prompt_tokens -= ticket.sequences * ticket.prompt_tokens
+        return ticket
 
     def _poll_waiters(self) -> None:
         """In a group, room freed by another API process wakes nobody here: look again shortly."""
@@ -344,7 +359,30 @@ class Admission:
     # The predictions.
 
     def _service_s(self, ticket: Ticket, batch: int, corrected: bool = True) -> float:
-        return self.model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected)
+        """Its time in the engine at `batch`, its steps taking in no more prompts than the queue
+        and the arrivals bring over that time."""
+        model, tokens = self.model, ticket.expected_tokens
+        turning_over_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
+        inflow = self._inflow(turning_over_s, tokens, ticket)
+        if inflow is None:
+            return turning_over_s
+        return model.service_s(ticket.prompt_tokens, tokens, batch, corrected, inflow)
+
+    def _inflow(self, seconds: float, steps: int, ticket: Ticket | None = None) -> float | None:
+        """The prompt tokens a step can take in over the next `seconds` (`steps` steps): those
+        queued (not `ticket`'s own: its prefill is counted apart) and those arriving meanwhile at
+        the current rate. A burst's queue drains at the end: predicted at a batch that keeps
+        turning over, its last requests were planned at 2x the steps they ran (each step taking
+        in a typical request's prompt per 1/T of the batch), and 20 of 230 that would have made
+        the SLO were refused after waiting. None in a group of API processes: each sees only its
+        own queue and arrivals."""
+        if self._in_group:
+            return None
+        queued = self._waiting_prompt_tokens
+        if ticket is not None and ticket.queued and not ticket.admitted.done():
+            queued -= ticket.sequences * ticket.prompt_tokens
+        arriving = self._arrival_rate() * seconds * self.model.typical.prompt_tokens
+        return (max(0, queued) + arriving) / max(1, steps)
 
     def _fits(self, ticket: Ticket, now: float) -> bool:
         """Room now: slots and KV for it within the batch limit, and time to finish by its
@@ -405,10 +443,7 @@ class Admission:
         limit = self.batch_limit() if limit is None else limit
         if self._in_group:
             return limit
-        now = self._clock()
-        while self._arrivals and self._arrivals[0] < now - ARRIVAL_WINDOW_S:
-            self._arrivals.popleft()
-        rate = len(self._arrivals) / ARRIVAL_WINDOW_S
+        rate = self._arrival_rate()
         # From the limit down to the largest batch that keeps itself running (service grows with
         # the batch, so each step shrinks it; it settles within a few).
         kept_running = limit
@@ -418,6 +453,19 @@ class Admission:
                 break
             kept_running = smaller
         return max(1, min(limit, max(self.running, kept_running)))
+
+    def _arrival_rate(self) -> float:
+        """Requests admitted or queued per second, over the last ARRIVAL_WINDOW_S or, once enough
+        have arrived, since the first of them: at the start of a load the window still holds the
+        idle spell before it (its first requests, planned at the 4 or 9 the arrivals so far
+        kept running, ran at 50 and missed the SLO by 1-2 s)."""
+        now = self._clock()
+        while self._arrivals and self._arrivals[0] < now - ARRIVAL_WINDOW_S:
+            self._arrivals.popleft()
+        arrived = len(self._arrivals)
+        if arrived < RATE_FROM_FIRST_ARRIVALS:
+            return arrived / ARRIVAL_WINDOW_S
+        return arrived / max(now - self._arrivals[0], 1e-3)
 
     def _too_slow_per_token(self, prompt_tokens: int, batch: int) -> bool:
         """At `batch`, a step would exceed the TPOT target, or prefill and a step the TTFT target."""
@@ -435,7 +483,9 @@ class Admission:
         to come back all at once)."""
         now = self._clock()
         limit = max(self.batch_limit(), ticket.sequences)
-        step = self.model.step_s(max(1, self.running))
+        batch = max(1, self.running)
+        inflow = self._inflow(self.model.typical_service_s(batch), self.model.typical.tokens)
+        step = self.model.step_s(batch, inflow=inflow)
         # In a group this process sees only its own running tickets: each stands for its share
         # of the engine's batch (the others' run alike).
         own = sum(t.sequences for t in self._running)

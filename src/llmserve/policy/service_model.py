@@ -161,12 +161,16 @@ class ServiceModel:
             ratio = _quantile(self._errors, CORRECTION_QUANTILE)
             self.correction = min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
 
-    def step_s(self, batch: int, corrected: bool = True) -> float:
-        """One step at `batch`, as requests see it (corrected by what they really took)."""
+    def step_s(self, batch: int, corrected: bool = True, inflow: float | None = None) -> float:
+        """One step at `batch`, as requests see it (corrected by what they really took).
+        `inflow`: the prompt tokens a step can take in at most, where fewer are coming than a
+        batch turning over takes (the queue and the arrivals run dry: a burst's drain)."""
         if not self._fitted:
             self._fit()
         batch = max(1, batch)
         prompt_tokens = max(self._usual_step_prompt_tokens, self.typical.prompt_tokens_per_step(batch))
+        if inflow is not None:
+            prompt_tokens = min(prompt_tokens, inflow)
         prompt_s = self._per_step_prompt_token * prompt_tokens
         return (self._base + self._per_sequence * batch + prompt_s) * self._factor(corrected)
 
@@ -188,12 +192,15 @@ class ServiceModel:
         share = self._share_quantile
         return max(1, min(max_tokens, math.ceil(max_tokens * share)))
 
-    def service_s(self, prompt_tokens: int, tokens: int, batch: int, corrected: bool = True) -> float:
-        """A request's time in the engine: its prefill, then `tokens` steps at `batch`.
+    def service_s(
+        self, prompt_tokens: int, tokens: int, batch: int, corrected: bool = True, inflow: float | None = None
+    ) -> float:
+        """A request's time in the engine: its prefill, then `tokens` steps at `batch` (taking in
+        at most `inflow` prompt tokens each: see `step_s`).
         `corrected=False`: as the fit alone predicts it, what `observe_service` is to be given
         (against a corrected prediction the correction would learn its own error back: it swung
         between 0.5 and 2.3 under steady load, halving and doubling every prediction)."""
-        return self.prefill_s(prompt_tokens, corrected) + tokens * self.step_s(batch, corrected)
+        return self.prefill_s(prompt_tokens, corrected) + tokens * self.step_s(batch, corrected, inflow)
 
     def typical_service_s(self, batch: int) -> float:
         """`service_s` of a typical request of the current traffic at `batch`."""
