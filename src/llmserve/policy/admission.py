@@ -244,8 +244,8 @@ class Admission:
         wait_until = -math.inf
         try:
             while not ticket.admitted.done():
-                now = self._clock()
-                if now + self._wait_budget_s(ticket) < wait_until + MIN_WAIT_S:
+                now, budget = self._clock(), self._wait_budget_s(ticket)
+                if now + budget < wait_until + MIN_WAIT_S:
                     self._leave(ticket)
                     raise self._refuse(
                         ticket,
@@ -253,7 +253,7 @@ class Admission:
                         "served in time.",
                         after_waiting=True,
                     )
-                wait_until = now + max(self._wait_budget_s(ticket), MIN_WAIT_S)
+                wait_until = now + max(budget, MIN_WAIT_S)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(ticket.admitted), wait_until - now)
             ticket.admitted.result()  # raises its refusal if the queue found it too late
