@@ -307,6 +307,18 @@ async def test_waiting_prompt_tokens_are_bounded() -> None:
     waiter.cancel()
 
 
+async def test_a_waiting_request_with_several_choices_counts_its_prompt_once() -> None:
+    """`n` choices share one prompt: the waiting room counts its tokens once, as usage does."""
+    queue = admission(max_waiting_prompt_tokens=25, queue_timeout_s=5)
+    await run(queue, sequences=2)
+    waiter = asyncio.create_task(run(queue, sequences=2))  # 10 prompt tokens, 2 choices
+    await asyncio.sleep(0)
+    assert queue.waiting == 1
+    queue.check(queue.ticket(1, 10, 10))  # 10 waiting + 10 <= 25
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+
+
 async def test_without_an_e2e_target_a_request_waits_at_most_queue_timeout_s() -> None:
     queue = admission(queue_timeout_s=0.05, shed_by_estimate=False)
     await run(queue, sequences=2)

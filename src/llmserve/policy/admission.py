@@ -123,7 +123,7 @@ class Admission:
         self._in_group = load is not None
         self._poller: asyncio.TimerHandle | None = None
         self._waiting: FairQueue[Ticket] = FairQueue()
-        self._waiting_prompt_tokens = 0
+        self._waiting_prompt_tokens = 0  # of the queued tickets (each counts its prompts once)
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._batches = BatchHistory()
         self._arrivals: deque[float] = deque()  # when requests admitted or queued (not probes) arrived
@@ -166,8 +166,10 @@ class Admission:
             expected_tokens=self.model.expected_tokens(max_tokens),
         )
         target = self.slo.e2e_s
-        alone_s = self.model.service_s(prompt_tokens, ticket.expected_tokens, ticket.sequences)
-        if target is not None and alone_s <= target:
+        if (
+            target is not None
+            and self.model.service_s(prompt_tokens, ticket.expected_tokens, ticket.sequences) <= target
+        ):
             ticket.deadline_at = now + target
         if prompt_tokens > 0:  # not the probe before planning
             self.model.typical.observe(prompt_tokens, ticket.expected_tokens)
@@ -226,7 +228,7 @@ class Admission:
             return True
         ticket.queued = True
         self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
-        self._waiting_prompt_tokens += ticket.sequences * ticket.prompt_tokens
+        self._waiting_prompt_tokens += ticket.prompt_tokens
         self._admit_waiters()
         if ticket.admitted.done():  # the queue moved at once: it runs, or was found too late
             ticket.admitted.result()  # raises its refusal
@@ -321,7 +323,7 @@ class Admission:
 
     def _leave(self, ticket: Ticket) -> None:
         self._waiting.remove(ticket)
-        self._waiting_prompt_tokens -= ticket.sequences * ticket.prompt_tokens
+        self._waiting_prompt_tokens -= ticket.prompt_tokens
         ticket.admitted.cancel()
         self._admit_waiters()
 
@@ -346,7 +348,7 @@ class Admission:
 
     def _pop_waiting(self) -> Ticket:
         ticket = self._waiting.pop()
-        self._waiting_prompt_tokens -= ticket.sequences * ticket.prompt_tokens
+        self._waiting_prompt_tokens -= ticket.prompt_tokens
         return ticket
 
     def _poll_waiters(self) -> None:
@@ -380,7 +382,7 @@ class Admission:
             return None
         queued = self._waiting_prompt_tokens
         if ticket is not None and ticket.queued and not ticket.admitted.done():
-            queued -= ticket.sequences * ticket.prompt_tokens
+            queued -= ticket.prompt_tokens
         arriving = self._arrival_rate() * seconds * self.model.typical.prompt_tokens
         return (max(0, queued) + arriving) / max(1, steps)
 
