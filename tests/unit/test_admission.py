@@ -16,9 +16,12 @@ from loadtest.prom import Scrape
 
 from llmserve.app import create_app
 from llmserve.config import AdmissionConfig, SloConfig, load_config, parse_overrides
+from llmserve.engine.base import SamplingSpec, TokenizedPrompt
 from llmserve.errors import OverloadedError
 from llmserve.policy.admission import Admission, Ticket
+from llmserve.policy.permits import Cost
 from llmserve.policy.service_model import ServiceModel
+from llmserve.serving.generation import PlannedPrompt, cost_of
 from tests.fake_engine import FakeEngine, fake_starter
 from tests.unit.conftest import MODEL
 
@@ -506,6 +509,26 @@ async def test_a_request_whose_tokens_do_not_fit_the_kv_cache_beside_the_running
     queue.release(first, completed=True)
     await waiter
     assert queue.running == 1
+
+
+async def test_a_prompt_list_holds_each_prompt_once_in_the_kv_cache_not_once_per_prompt() -> None:
+    queue = admission(max_in_flight=64, queue_timeout_s=100)
+    queue.kv_capacity_tokens = 1000
+    await run(queue, max_tokens=500)  # 10 + 500 tokens
+    # Four prompts of 100 tokens, n=1: 400 prompt tokens and 4 x 10 generated (not 4 x 410).
+    listed = queue.ticket(4, 400, 10, kv_prompt_tokens=400)
+    assert listed.kv_tokens == 440
+    assert queue.admit_now(listed)
+    # One prompt of 100 tokens, n=4: each sequence holds it.
+    assert queue.ticket(4, 100, 10).kv_tokens == 440
+
+
+def test_a_requests_cost_counts_prompts_once_for_usage_and_once_per_sequence_for_the_kv_cache() -> None:
+    planned = [
+        PlannedPrompt(TokenizedPrompt(tuple(range(100))), SamplingSpec(max_tokens=10, n=2)),
+        PlannedPrompt(TokenizedPrompt(tuple(range(50))), SamplingSpec(max_tokens=10, n=1)),
+    ]
+    assert cost_of(planned) == Cost(sequences=3, prompt_tokens=150, max_new_tokens=30, kv_prompt_tokens=250)
 
 
 async def test_one_keys_burst_does_not_starve_another_key() -> None:

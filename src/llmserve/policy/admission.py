@@ -50,8 +50,9 @@ class Ticket:
     """One request's claim on the engine, from the moment it asks until it is released."""
 
     sequences: int
-    prompt_tokens: int
+    prompt_tokens: int  # once per prompt
     max_tokens: int  # per sequence
+    kv_prompt_tokens: int = 0  # once per sequence: each holds its prompt in the KV cache
     key: str | None = None
     priority: int = 0
     arrived_at: float = 0.0
@@ -76,7 +77,7 @@ class Ticket:
 
     @property
     def kv_tokens(self) -> int:
-        return self.sequences * (self.prompt_tokens + self.expected_tokens)
+        return self.kv_prompt_tokens + self.sequences * self.expected_tokens
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,23 @@ class Admission:
         return len(self._waiting)
 
     def ticket(
-        self, sequences: int, prompt_tokens: int, max_tokens: int, key: str | None = None, priority: int = 0
+        self,
+        sequences: int,
+        prompt_tokens: int,
+        max_tokens: int,
+        key: str | None = None,
+        priority: int = 0,
+        kv_prompt_tokens: int | None = None,
     ) -> Ticket:
+        """`prompt_tokens`: over its prompts, once each; `kv_prompt_tokens`: over its sequences,
+        once each (None: one prompt, which every sequence holds)."""
         now = self._clock()
+        sequences = min(sequences, self.config.max_in_flight)
         ticket = Ticket(
-            sequences=min(sequences, self.config.max_in_flight),
+            sequences=sequences,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
+            kv_prompt_tokens=sequences * prompt_tokens if kv_prompt_tokens is None else kv_prompt_tokens,
             key=key,
             priority=priority,
             arrived_at=now,

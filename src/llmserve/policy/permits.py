@@ -38,6 +38,9 @@ class Cost:
     sequences: int
     prompt_tokens: int
     max_new_tokens: int  # over all its sequences
+    # The prompt tokens its sequences hold in the KV cache: each of a prompt's n sequences its
+    # prompt (None: one prompt, held by every sequence).
+    kv_prompt_tokens: int | None = None
 
     @property
     def max_tokens_per_sequence(self) -> int:
@@ -159,7 +162,12 @@ class Permit:
         assert self._cost is not None, "reserve() tells the permit what the request costs"
         cost = self._cost
         ticket = self._admission.ticket(
-            cost.sequences, cost.prompt_tokens, cost.max_tokens_per_sequence, self._key_id, self._priority
+            cost.sequences,
+            cost.prompt_tokens,
+            cost.max_tokens_per_sequence,
+            self._key_id,
+            self._priority,
+            kv_prompt_tokens=cost.kv_prompt_tokens,
         )
         if not self._admission.admit_now(ticket):
             self._waiting = ticket

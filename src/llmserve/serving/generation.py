@@ -60,12 +60,13 @@ class PlannedPrompt:
 
 
 def cost_of(planned: Sequence[PlannedPrompt]) -> Cost:
-    """Engine sequences (n per prompt), prompt tokens (once per prompt, as usage counts them) and
-    the most tokens the request may generate."""
+    """Engine sequences (n per prompt), prompt tokens (once per prompt, as usage counts them, and
+    once per sequence, as the KV cache holds them) and the most tokens the request may generate."""
     return Cost(
         sequences=sum(item.sampling.n for item in planned),
         prompt_tokens=prompt_tokens(planned),
         max_new_tokens=sum(item.sampling.max_tokens * item.sampling.n for item in planned),
+        kv_prompt_tokens=sum(len(item.prompt.token_ids) * item.sampling.n for item in planned),
     )
 
 
