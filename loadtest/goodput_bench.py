@@ -11,8 +11,9 @@ side by side in one run, on the same model, engine arguments and seeded requests
    a request unanswered by then has failed.
 4. Per server and load: goodput (answered 200 within T, per second of arrivals), throughput,
    admitted p50/p99, refusals and their p99 as the client saw them and, for llmserve, as the
-   server measured them (llmserve_rejection_latency_seconds), and false refusals (refused at a
-   load where a server without admission answered every request within T).
+   server measured them (llmserve_rejection_latency_seconds: all, and those refused at arrival
+   apart from those refused after waiting in the queue), and false refusals (refused at a load
+   where a server without admission answered every request within T).
 
 Writes results/goodput/{goodput.json,goodput.png,logs/} and docs/benchmarks/overload.md (a partial
 run, with --capacity or fewer --servers, leaves the docs alone). Loopback only, bounded in count
@@ -70,6 +71,7 @@ class Row:
     admitted_p99_s: float
     refusal_p99_client_ms: float
     refusal_p99_server_ms: float | None
+    arrival_refusal_p99_server_ms: float | None  # those refused at arrival, not after waiting
     refused_after_waiting: int | None  # llmserve's count of slow refusals (queued, then refused)
     false_refusals: int | None = None
 
@@ -155,10 +157,10 @@ async def closed_loop(
     return outcomes
 
 
-def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None) -> float | None:
+def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: str) -> float | None:
     if before is None or after is None or not after.has("llmserve_rejection_latency_seconds_bucket"):
         return None
-    p99 = histogram_quantile(0.99, bucket_deltas(after, before, "llmserve_rejection_latency_seconds"))
+    p99 = histogram_quantile(0.99, bucket_deltas(after, before, "llmserve_rejection_latency_seconds", **only))
     return None if p99 is None else p99 * 1000
 
 
@@ -197,6 +199,7 @@ def row(
         admitted_p99_s=percentile(ok, 99),
         refusal_p99_client_ms=percentile(refused, 99),
         refusal_p99_server_ms=refusal_p99_server_ms(before, after),
+        arrival_refusal_p99_server_ms=refusal_p99_server_ms(before, after, when="at_arrival"),
         refused_after_waiting=refused_after_waiting(before, after),
     )
 
@@ -280,18 +283,21 @@ def table(rows: list[Row]) -> str:
     lines = [
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
-        "429 after waiting | false 429 |",
-        "| --- | --- " + "| ---: " * 14 + "|",
+        "429 at arrival p99 server ms | 429 after waiting | false 429 |",
+        "| --- | --- " + "| ---: " * 15 + "|",
     ]
     for r in rows:
         server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
+        arrival = r.arrival_refusal_p99_server_ms
+        arrival_ms = "n/a" if arrival is None else f"{arrival:.1f}"
         false = "n/a" if r.false_refusals is None else str(r.false_refusals)
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "
             f"{r.failed} | {r.goodput_rps:.2f} | {r.throughput_rps:.2f} | {r.admitted_p50_s:.2f} | "
-            f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | {slow} | {false} |"
+            f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | "
+            f"{arrival_ms} | {slow} | {false} |"
         )
     return "\n".join(lines)
 

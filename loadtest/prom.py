@@ -55,13 +55,17 @@ def histogram_quantile(quantile: float, buckets: list[tuple[float, float]]) -> f
     return previous_bound
 
 
-def bucket_deltas(after: Scrape, before: Scrape, name: str) -> list[tuple[float, float]]:
-    """Cumulative bucket counts of histogram `name` gained between two scrapes, summed over series."""
+def bucket_deltas(after: Scrape, before: Scrape, name: str, **only: str) -> list[tuple[float, float]]:
+    """Cumulative bucket counts of histogram `name` gained between two scrapes, summed over the
+    series whose labels include `only`."""
     totals: dict[float, float] = {}
     for (sample_name, labels), value in after.samples.items():
         if sample_name != f"{name}_bucket":
             continue
-        bound = float(dict(labels)["le"])
+        named = dict(labels)
+        if any(named.get(label) != wanted for label, wanted in only.items()):
+            continue
+        bound = float(named["le"])
         previous = before.samples.get((sample_name, labels), 0.0)
         totals[bound] = totals.get(bound, 0.0) + value - previous
     return sorted(totals.items())

@@ -59,6 +59,8 @@ REJECTION_REASONS = (
     "timeout",
     "client_disconnected",
 )
+AFTER_WAITING = "overloaded_after_waiting"
+REFUSAL_TIMES = ("at_arrival", "after_waiting")
 
 
 def route_label(path: str) -> str:
@@ -140,8 +142,9 @@ class GatewayMetrics:
         )
         self.rejection_latency = Histogram(
             "llmserve_rejection_latency_seconds",
-            "Arrival to the answer of generation requests refused for load (429), measured in the server.",
-            labels,
+            "Arrival to the answer of generation requests refused for load (429), measured in the "
+            "server; when: at_arrival (before any wait) or after_waiting (queued, then refused).",
+            [*labels, "when"],
             buckets=REFUSAL_BUCKETS_S,
             registry=self.registry,
         )
@@ -196,7 +199,6 @@ class GatewayMetrics:
         # Every generation-route series exists from the start, so dashboards read 0, not "no data".
         per_route = (
             self.e2e_latency,
-            self.rejection_latency,
             self.queue_wait,
             self.ttft,
             self.inter_token,
@@ -209,6 +211,8 @@ class GatewayMetrics:
                 metric.labels(model, route)
             for reason in REJECTION_REASONS:
                 self.rejections.labels(model, route, reason)
+            for when in REFUSAL_TIMES:
+                self.rejection_latency.labels(model, route, when)
 
     def watch_service_model(
         self,
@@ -296,6 +300,7 @@ class RequestObservation:
     first_token_at: float | None = None
     generated_tokens: int = 0
     failed: bool = False
+    refused_after_waiting: bool = False
     _last_token_at: dict[int, float] = field(default_factory=dict)
     series: RouteSeries = field(init=False)
 
@@ -342,13 +347,15 @@ class RequestObservation:
 
     def on_rejected(self, reason: str) -> None:
         self.failed = True
+        self.refused_after_waiting = self.refused_after_waiting or reason == AFTER_WAITING
         self.metrics.rejections.labels(*self._labels, reason).inc()
 
     def on_finished(self, status: int) -> None:
         """Called once, when the last byte of the response has gone (or the client has)."""
         self.metrics.requests.labels(*self._labels, str(status)).inc()
         if status == 429 and self.route in GENERATION_ROUTES:
-            self.metrics.rejection_latency.labels(*self._labels).observe(
+            when = "after_waiting" if self.refused_after_waiting else "at_arrival"
+            self.metrics.rejection_latency.labels(*self._labels, when).observe(
                 time.perf_counter() - self.arrived_at
             )
         # A stream that failed or lost its client was sent as 200: it is still no success.

@@ -607,6 +607,32 @@ async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
     assert app.state.permits.admission.running == 0
 
 
+async def test_metrics_time_refusals_at_arrival_apart_from_refusals_after_waiting() -> None:
+    settings = (
+        "admission.max_in_flight=1",
+        "admission.max_waiting=1",
+        "admission.queue_timeout_s=0.3",
+        "admission.shed_by_estimate=false",
+    )
+    async with ready_client(0.05, *settings) as (_, client):
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 20}  # 1 s of generation
+        running = asyncio.create_task(client.post("/v1/completions", json=body))
+        await asyncio.sleep(0.1)
+        queued = asyncio.create_task(client.post("/v1/completions", json=body))
+        await asyncio.sleep(0.1)
+        at_once = await client.post("/v1/completions", json=body)  # the waiting room is full
+        assert at_once.status_code == 429
+        assert (await queued).status_code == 429  # its queue_timeout_s ran out
+        assert (await running).status_code == 200
+        metrics = Scrape.parse((await client.get("/metrics")).text)
+    at_arrival = metrics.value("llmserve_rejection_latency_seconds_sum", when="at_arrival")
+    after_waiting = metrics.value("llmserve_rejection_latency_seconds_sum", when="after_waiting")
+    assert metrics.value("llmserve_rejection_latency_seconds_count", when="at_arrival") == 1
+    assert metrics.value("llmserve_rejection_latency_seconds_count", when="after_waiting") == 1
+    assert after_waiting >= 0.3
+    assert at_arrival < after_waiting
+
+
 async def test_metrics_show_the_batch_admission_fills_the_engine_to() -> None:
     async with ready_client(0.0, "admission.max_in_flight=7") as (app, client):
         metrics = Scrape.parse((await client.get("/metrics")).text)
