@@ -54,7 +54,12 @@ def create_app(
 ) -> FastAPI:
     """`group`: the limits' state shared with the other API processes of a group (else this
     process's own)."""
-    admission = Admission(config.admission, config.slo, load=group.engine_load() if group else None)
+    admission = Admission(
+        config.admission,
+        config.slo,
+        load=group.engine_load() if group else None,
+        engine_sequences=config.engine.max_num_seqs,
+    )
     permits = Permits(admission, RateLimiter(config.auth, shared=group))
     calibration_lock = group.calibration_lock if group else None
     runtime = EngineRuntime(config, engine_starter or start_engine, on_fatal, permits, calibration_lock)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -509,6 +510,39 @@ async def test_a_request_whose_tokens_do_not_fit_the_kv_cache_beside_the_running
     queue.release(first, completed=True)
     await waiter
     assert queue.running == 1
+
+
+def engine_capped(max_in_flight: int, engine_sequences: int, slo: SloConfig | None = None) -> Admission:
+    config = AdmissionConfig(max_in_flight=max_in_flight, max_waiting=100, queue_timeout_s=30)
+    model, clock = known_model(), FakeClock()
+    return Admission(config, slo or SloConfig(), model, clock, engine_sequences=engine_sequences)
+
+
+async def test_where_the_batch_limit_is_the_engines_own_a_few_are_kept_ready_in_its_queue() -> None:
+    """vLLM runs 64 and queues the rest itself: two steps' turnover of 32-token requests (4)
+    wait there, so that a slot a finished request frees is filled at the next step, not after
+    the API process has taken the output and sent the next request."""
+    queue = engine_capped(max_in_flight=64, engine_sequences=64)
+    tickets = [queue.ticket(1, 10, 32) for _ in range(80)]
+    admitted = [queue.admit_now(ticket) for ticket in tickets]
+    reserve = queue.ready_reserve(64)
+    assert reserve == math.ceil(2 * 64 / queue.model.typical.tokens)
+    assert reserve >= 2
+    assert admitted.count(True) == 64 + reserve
+    assert queue.waiting == 80 - 64 - reserve
+    # Planned at the batch the engine runs, not at the 64 + reserve admitted.
+    assert queue.planned_batch() == 64
+    assert tickets[64 + reserve - 1].planned_batch == 64
+
+
+async def test_below_the_engines_own_limit_nothing_is_kept_ready_beyond_the_batch_limit() -> None:
+    """vLLM would run them at once: max_in_flight or the SLO's batch limit would not hold."""
+    queue = engine_capped(max_in_flight=8, engine_sequences=64)
+    assert [queue.admit_now(queue.ticket(1, 10, 32)) for _ in range(10)].count(True) == 8
+    slow = engine_capped(max_in_flight=64, engine_sequences=64, slo=SloConfig(e2e_s=5.0))
+    slow.ticket(1, 10, 32)  # the traffic: 32-token requests, which take 5 s at a batch of 5
+    assert slow.batch_limit() < 64
+    assert slow.ready_reserve(slow.batch_limit()) == 0
 
 
 async def test_a_prompt_list_holds_each_prompt_once_in_the_kv_cache_not_once_per_prompt() -> None:
