@@ -81,6 +81,12 @@ class AdmissionConfig(_Section):
     shed_by_estimate: bool = Field(
         default=True, description="Refuse at once a request whose predicted wait leaves it no time."
     )
+    ready_steps: float = Field(
+        default=2.0,
+        ge=0,
+        description="Where the batch limit is engine.max_num_seqs, admit this many engine steps' "
+        "turnover beyond it, ready in vLLM's own queue for the slots finished requests free; 0: none.",
+    )
     max_loop_lag_s: float | None = Field(
         default=None,
         gt=0,

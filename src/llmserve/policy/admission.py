@@ -43,8 +43,6 @@ KEPT_RUNNING_STEPS = 16  # iterations of Little's law for the batch arrivals kee
 # With a group of API processes, how often waiters look for room freed by the others.
 GROUP_POLL_S = 0.005
 MIN_WAIT_S = 0.01  # a queued request waits on only if its wait would end this much later
-# The engine's steps of turnover that admission keeps ready in vLLM's waiting queue (below).
-READY_STEPS = 2
 
 
 @dataclass(eq=False)
@@ -425,15 +423,17 @@ class Admission:
 
     def ready_reserve(self, limit: int) -> int:
         """Sequences admitted beyond the batch limit, kept ready in vLLM's own waiting queue so
-        that a slot a finished request frees is filled at the engine's next step: two steps'
-        worth of the batch's turnover. Admitted only once a slot was free, the next request
-        reached the engine a step or more after it (the API process takes the output, releases
-        the permit, admits and sends the next), the engine ran 60 of 64 under a queue, and at
-        1.5x load 195-201 of 240 requests were answered in time against 237-240 with 4 kept
-        ready. Only where the limit is the engine's own: below it vLLM would run them at once."""
+        that a slot a finished request frees is filled at the engine's next step:
+        `admission.ready_steps` steps' worth of the batch's turnover. Admitted only once a slot
+        was free, the next request reached the engine a step or more after it (the API process
+        takes the output, releases the permit, admits and sends the next), the engine ran 60 of
+        64 under a queue, and at 1.5x load 195-201 of 240 requests were answered in time against
+        237-240 with 4 kept ready. Only where the limit is the engine's own: below it vLLM would
+        run them at once."""
         if self._engine_sequences is None or limit < self._engine_sequences:
             return 0
-        return min(limit, math.ceil(READY_STEPS * limit / max(1, self.model.typical.tokens)))
+        turnover = limit / max(1, self.model.typical.tokens)  # sequences finishing per step
+        return min(limit, math.ceil(self.config.ready_steps * turnover))
 
     def _too_late(self, ticket: Ticket, now: float, limit: int) -> bool:
         deadline = ticket.deadline_at
