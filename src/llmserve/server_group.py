@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import shutil
 import signal
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from multiprocessing import connection
 from multiprocessing.process import BaseProcess
@@ -40,6 +42,8 @@ API_PROCESS_PREFIX = "llmserve-api-"
 PR_SET_NAME = 15
 # After the API processes' own drain deadline, how long the supervisor waits before killing.
 EXIT_GRACE_S = 15.0
+# Once the engine core is dead nothing in flight can finish: how long the API processes get to exit.
+ENGINE_GONE_GRACE_S = 5.0
 
 
 def serve_group(config: Config) -> int:
@@ -79,7 +83,8 @@ def serve_group(config: Config) -> int:
                 config.server.shutdown_timeout_s + EXIT_GRACE_S,
             ) as group,
         ):
-            return supervisor.watch(group.api_processes, group.engine_processes)
+            stop_within_s = config.server.shutdown_timeout_s + EXIT_GRACE_S
+            return supervisor.watch(group.api_processes, group.engine_processes, stop_within_s)
     except StartupInterruptedError:
         logger.info("stopped while starting")
         return 0
@@ -129,8 +134,13 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, sig)
 
-    def watch(self, api_processes: list[BaseProcess], engine_processes: list[BaseProcess]) -> int:
-        """Until every API process has exited: 0 when they drained on request, 1 on a failure."""
+    def watch(
+        self, api_processes: list[BaseProcess], engine_processes: list[BaseProcess], stop_within_s: float
+    ) -> int:
+        """Until every API process has exited: 0 when they drained on request, 1 on a failure.
+        After a failure the others drain within `stop_within_s` (ENGINE_GONE_GRACE_S once the
+        engine core is dead), or are killed: one still starting when the engine core died
+        waited on it for ever, and the group never exited."""
         self._api_processes = api_processes
         logger.info(
             "API processes %s and engine core %s started",
@@ -138,6 +148,7 @@ class Supervisor:
             [p.pid for p in engine_processes],
         )
         failed = False
+        kill_at = math.inf
         while any(p.exitcode is None for p in api_processes):
             alive = [p.sentinel for p in api_processes if p.exitcode is None]
             connection.wait(alive + [p.sentinel for p in engine_processes], timeout=WATCH_INTERVAL_S)
@@ -146,6 +157,13 @@ class Supervisor:
                 failed = True
                 logger.error("%s: stopping the group", failure)
                 self._forward(signal.SIGTERM)
+                engine_gone = any(p.exitcode is not None for p in engine_processes)
+                kill_at = time.monotonic() + (ENGINE_GONE_GRACE_S if engine_gone else stop_within_s)
+            if time.monotonic() > kill_at:
+                stuck = [p.pid for p in api_processes if p.exitcode is None]
+                logger.error("API processes %s did not stop after the failure: killed", stuck)
+                self._forward(signal.SIGKILL)
+                kill_at = math.inf
         for process in api_processes:
             mark_process_dead(process.pid)
         return 1 if failed else 0
