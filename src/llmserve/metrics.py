@@ -50,16 +50,16 @@ REFUSAL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 KNOWN_ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/ready", "/metrics")
 OTHER_ROUTE = "other"
+AFTER_WAITING = "overloaded_after_waiting"
 REJECTION_REASONS = (
     "rate_limited",
     "overloaded",
-    "overloaded_after_waiting",
+    AFTER_WAITING,
     "draining",
     "too_large",
     "timeout",
     "client_disconnected",
 )
-AFTER_WAITING = "overloaded_after_waiting"
 REFUSAL_TIMES = ("at_arrival", "after_waiting")
 
 

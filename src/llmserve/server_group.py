@@ -69,6 +69,7 @@ def serve_group(config: Config) -> int:
     )
     from llmserve.engine.vllm_group import launch_api_group
 
+    stop_within_s = config.server.shutdown_timeout_s + EXIT_GRACE_S
     try:
         with (
             supervisor.signals(),
@@ -80,10 +81,9 @@ def serve_group(config: Config) -> int:
                 listening,
                 run_api_process,
                 (config, shared),
-                config.server.shutdown_timeout_s + EXIT_GRACE_S,
+                stop_within_s,
             ) as group,
         ):
-            stop_within_s = config.server.shutdown_timeout_s + EXIT_GRACE_S
             return supervisor.watch(group.api_processes, group.engine_processes, stop_within_s)
     except StartupInterruptedError:
         logger.info("stopped while starting")
