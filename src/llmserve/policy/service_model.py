@@ -41,7 +41,11 @@ PRIOR_BASE_S = 0.05
 PRIOR_PER_SEQUENCE_S = 0.002
 PRIOR_PER_PROMPT_TOKEN_S = 0.0005
 SMOOTHING = 0.2  # weight of a new sample in an average
-FORGETTING = 0.999  # per step sample: the fit remembers the last few thousand samples
+# A step sample's weight in the fit falls by 1/e over this much engine time since it: the fit
+# follows the last seconds of the engine. (Faded per sample, 0.999 a step, it remembered about
+# 1000 steps: 10 s at GPU rates but two minutes on the CPU engine, where a load's first seconds
+# and the idle warm-up before it still outweighed its steady state.)
+MEMORY_S = 10.0
 ANCHOR_WEIGHT = 50.0  # the step time alone counts as this many recent samples
 ALONE = 2  # batches up to this size measure the step time alone
 LIGHT_LOAD = 8  # batches up to this size measure a prompt's own prefill cost
@@ -54,9 +58,13 @@ SHARE_QUANTILE = 0.9
 # Predictions are checked against what finished requests really took: the median of actual /
 # predicted over recent requests scales every prediction (within these bounds), so predictions
 # are unbiased; the margin for the tail is the queue's headroom (policy/headroom.py), steered by
-# outcomes. (A 90th percentile here stacked a margin on every term: at 64 running it predicted
-# 1.7x the real step, refused every request longer than typical and queued none of a burst.)
-CORRECTION_WINDOW = 200
+# outcomes. "Predicted": by the fit as it stands when the request finishes, asked what admission
+# asked it, so that the correction learns what the fit misses, not the fit's lag. (A 90th
+# percentile here stacked a margin on every term: at 64 running it predicted 1.7x the real step,
+# refused every request longer than typical and queued none of a burst.) The window is about one
+# turnover of a full batch: 200 finished requests were 20 s of a load on the CPU engine, and the
+# first seconds of a load, unlike the rest, held the correction for all of it.
+CORRECTION_WINDOW = 64
 CORRECTION_QUANTILE = 0.5
 CORRECTION_BOUNDS = (0.5, 3.0)
 
@@ -134,7 +142,7 @@ class ServiceModel:
                 self._alone = _Average(seconds)
             else:
                 self._alone.add(seconds)
-        self._sums.add(batch, prompt_tokens, seconds, FORGETTING)
+        self._sums.add(batch, prompt_tokens, seconds, math.exp(-seconds / MEMORY_S))
         self._fitted = False
 
     def observe_prefill(self, prompt_tokens: int, seconds: float, batch: int) -> None:
