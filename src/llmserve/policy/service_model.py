@@ -41,11 +41,7 @@ PRIOR_BASE_S = 0.05
 PRIOR_PER_SEQUENCE_S = 0.002
 PRIOR_PER_PROMPT_TOKEN_S = 0.0005
 SMOOTHING = 0.2  # weight of a new sample in an average
-# A step sample's weight in the fit falls by 1/e over this much engine time since it: the fit
-# follows the last seconds of the engine. (Faded per sample, 0.999 a step, it remembered about
-# 1000 steps: 10 s at GPU rates but two minutes on the CPU engine, where a load's first seconds
-# and the idle warm-up before it still outweighed its steady state.)
-MEMORY_S = 10.0
+FORGETTING = 0.999  # per step sample: the fit remembers the last few thousand samples
 ANCHOR_WEIGHT = 50.0  # the step time alone counts as this many recent samples
 ALONE = 2  # batches up to this size measure the step time alone
 LIGHT_LOAD = 8  # batches up to this size measure a prompt's own prefill cost
@@ -142,7 +138,7 @@ class ServiceModel:
                 self._alone = _Average(seconds)
             else:
                 self._alone.add(seconds)
-        self._sums.add(batch, prompt_tokens, seconds, math.exp(-seconds / MEMORY_S))
+        self._sums.add(batch, prompt_tokens, seconds, FORGETTING)
         self._fitted = False
 
     def observe_prefill(self, prompt_tokens: int, seconds: float, batch: int) -> None:
