@@ -60,8 +60,8 @@ class Ticket:
     deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
     admitted_at: float | None = None
     queued: bool = False  # waited for room: its outcome steers the headroom
-    planned_batch: int = 0  # the batch admission planned it to run at
-    planned_inflow: float | None = None  # and the prompt tokens its steps would take in
+    predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
+    planned_batch: int = 0  # the batch that prediction was made at
     steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
     generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -304,7 +304,7 @@ class Admission:
                 now = self._clock()
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 if self._ran_as_planned(ticket):
-                    self.model.observe_service(self._replanned_s(ticket), now - ticket.admitted_at)
+                    self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
                 if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
                     self.headroom.observe(
                         ticket.deadline_at is None or now <= ticket.deadline_at, queued_at=ticket.arrived_at
@@ -320,8 +320,8 @@ class Admission:
         # a request's time) became a factor on every prediction: x3 on the simulated H200,
         # refusing 30 % at half load.
         batch = self.planned_batch()  # at least those running, up to the batch the engine runs
+        ticket.predicted_s = self._service_s(ticket, batch, corrected=False)
         ticket.planned_batch, ticket.steps_mark = batch, self._batches.mark()
-        ticket.planned_inflow = self._step_inflow(ticket, batch, corrected=False)
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
@@ -381,24 +381,12 @@ class Admission:
     def _service_s(self, ticket: Ticket, batch: int, corrected: bool = True) -> float:
         """Its time in the engine at `batch`, its steps taking in no more prompts than the queue
         and the arrivals bring over that time."""
-        inflow = self._step_inflow(ticket, batch, corrected)
-        return self.model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected, inflow)
-
-    def _step_inflow(self, ticket: Ticket, batch: int, corrected: bool) -> float | None:
-        """The prompt tokens a step of `ticket`'s time at `batch` takes in at most (see _inflow)."""
-        turning_over_s = self.model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected)
-        return self._inflow(turning_over_s, ticket.expected_tokens, ticket)
-
-    def _replanned_s(self, ticket: Ticket) -> float:
-        """What the fit as it stands now predicts for a finished request, asked as admission asked
-        it (uncorrected, at the batch and inflow planned): what the correction learns from. The fit
-        has since learned from the steps the request ran through; checked against its prediction
-        at admission, the correction learned the fit's own lag as well, and the two stacked: a load
-        that started on a fit too slow for it set the correction at 0.84, and 20 s later, the fit
-        long right, requests still took 1.2x their predictions and 11 of 181 queued were late."""
-        return self.model.service_s(
-            ticket.prompt_tokens, ticket.expected_tokens, ticket.planned_batch, False, ticket.planned_inflow
-        )
+        model, tokens = self.model, ticket.expected_tokens
+        turning_over_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
+        inflow = self._inflow(turning_over_s, tokens, ticket)
+        if inflow is None:
+            return turning_over_s
+        return model.service_s(ticket.prompt_tokens, tokens, batch, corrected, inflow)
 
     def _inflow(self, seconds: float, steps: int, ticket: Ticket | None = None) -> float | None:
         """The prompt tokens a step can take in over the next `seconds` (`steps` steps): those

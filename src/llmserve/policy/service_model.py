@@ -54,13 +54,9 @@ SHARE_QUANTILE = 0.9
 # Predictions are checked against what finished requests really took: the median of actual /
 # predicted over recent requests scales every prediction (within these bounds), so predictions
 # are unbiased; the margin for the tail is the queue's headroom (policy/headroom.py), steered by
-# outcomes. "Predicted": by the fit as it stands when the request finishes, asked what admission
-# asked it, so that the correction learns what the fit misses, not the fit's lag. (A 90th
-# percentile here stacked a margin on every term: at 64 running it predicted 1.7x the real step,
-# refused every request longer than typical and queued none of a burst.) The window is about one
-# turnover of a full batch: 200 finished requests were 20 s of a load on the CPU engine, and the
-# first seconds of a load, unlike the rest, held the correction for all of it.
-CORRECTION_WINDOW = 64
+# outcomes. (A 90th percentile here stacked a margin on every term: at 64 running it predicted
+# 1.7x the real step, refused every request longer than typical and queued none of a burst.)
+CORRECTION_WINDOW = 200
 CORRECTION_QUANTILE = 0.5
 CORRECTION_BOUNDS = (0.5, 3.0)
 
