@@ -14,6 +14,8 @@ side by side in one run, on the same model, engine arguments and seeded requests
    server measured them (llmserve_rejection_latency_seconds: all, and those refused at arrival
    apart from those refused after waiting in the queue), and false refusals (refused at a load
    where a server without admission answered every request within T).
+5. The capacity again, on the server without admission once its loads are done: the page says
+   when the machine's speed moved by more than 15 % during the run.
 
 Writes results/goodput/{goodput.json,goodput.png,logs/} and docs/benchmarks/overload.md (a partial
 run, with --capacity or fewer --servers, leaves the docs alone). Loopback only, bounded in count
@@ -47,6 +49,7 @@ from loadtest.workload import seeded_prompt
 PROFILE = REPO / "configs" / "cpu-smollm2.yaml"
 JSON_HEADERS = {"Content-Type": "application/json"}
 DEFAULT_SERVERS = "vllm,off,slo"
+CAPACITY_DRIFT = 0.15  # more than this apart, the page says the machine's speed moved
 
 
 @dataclass
@@ -230,18 +233,42 @@ def measure_capacity(args: argparse.Namespace, workdir: Path) -> tuple[float, fl
     try:
         server.wait_ready(300)
         uvloop.run(closed_loop(server.base_url, 8, 5, args))  # warm
-        started = time.monotonic()
-        outcomes = uvloop.run(closed_loop(server.base_url, args.clients, args.capacity_duration, args))
-        elapsed = time.monotonic() - started
+        return closed_loop_capacity(server, args)
     finally:
         server.stop()
+
+
+def closed_loop_capacity(server: ServerProcess, args: argparse.Namespace) -> tuple[float, float]:
+    """Completions per second with --clients back to back, and their e2e p50."""
+    started = time.monotonic()
+    outcomes = uvloop.run(closed_loop(server.base_url, args.clients, args.capacity_duration, args))
+    elapsed = time.monotonic() - started
     ok = [o.latency_s for o in outcomes if o.status == 200]
     return len(ok) / elapsed, percentile(ok, 50)
 
 
+def capacity_drift(capacity: float, after: float | None) -> str:
+    """What the page says of the capacity measured again after the loads."""
+    if after is None:
+        return ""
+    said = f"Measured again after the loads of llmserve without admission: {after:.1f} req/s"
+    if abs(after - capacity) <= CAPACITY_DRIFT * capacity:
+        return said + ". "
+    return (
+        said + f", {after / capacity:.2f}x the first: the machine's speed moved during the run, so "
+        "the loads' multiples (of the first) overstate or understate the overload. "
+    )
+
+
 def run_server(
-    name: str, server: ServerProcess, args: argparse.Namespace, capacity: float, slo_s: float
+    name: str,
+    server: ServerProcess,
+    args: argparse.Namespace,
+    capacity: float,
+    slo_s: float,
+    capacity_after: list[float] | None = None,
 ) -> list[Row]:
+    """`capacity_after`: where to put the capacity measured again once its loads are done."""
     rows = []
     try:
         server.wait_ready(600)
@@ -265,6 +292,9 @@ def run_server(
         wait_idle(server, args.timeout)
         # A burst's goodput is per second of the SLO: how many it answered in time.
         rows.append(row(name, f"burst {count}", float("nan"), slo_s, outcomes, slo_s, before, scrape(server)))
+        if capacity_after is not None:
+            print(f"[{name}] capacity again", flush=True)
+            capacity_after.append(closed_loop_capacity(server, args)[0])
     finally:
         server.stop()
     return rows
@@ -388,15 +418,23 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     rows: list[Row] = []
+    # The machine's speed can move within a run: the server without admission measures it again.
+    capacity_after: list[float] = []
     for key in args.servers.split(","):
         name, start = servers[key]
-        rows += run_server(name, start(), args, capacity, slo_s)
+        rows += run_server(name, start(), args, capacity, slo_s, capacity_after if key == "off" else None)
     mark_false_refusals(rows)
     report = table(rows)
     print(report)
     (args.out / "goodput.json").write_text(
         json.dumps(
-            {"capacity_rps": capacity, "slo_e2e_s": slo_s, "rows": [asdict(r) for r in rows]}, indent=2
+            {
+                "capacity_rps": capacity,
+                "capacity_after_rps": capacity_after[0] if capacity_after else None,
+                "slo_e2e_s": slo_s,
+                "rows": [asdict(r) for r in rows],
+            },
+            indent=2,
         )
     )
     plot(rows, capacity, args.out / "goodput.png")
@@ -418,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{engine}Capacity (llmserve without admission, {args.clients} clients back to back, "
         f"{args.capacity_duration:g} s): **{capacity:.1f} req/s**, "
         f"e2e p50 {full_batch_p50:.2f} s at that batch. "
+        f"{capacity_drift(capacity, capacity_after[0] if capacity_after else None)}"
         f"SLO: e2e <= **{slo_s:g} s** for completions of 16-96 prompt words and "
         f"{args.max_tokens[0]}-{args.max_tokens[1]} tokens (greedy, ignore_eos). Open-loop Poisson "
         f"arrivals for {args.duration:g} s per load, then {args.idle:g} s idle and a burst; client timeout "

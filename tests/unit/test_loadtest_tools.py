@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from loadtest.bench_driver import RequestResult, percentile, summarise
 from loadtest.engine_bench import derive
+from loadtest.goodput_bench import capacity_drift
 from loadtest.locust_options import parse_weights
 from loadtest.slo import evaluate, highest_passing, load_slo, passed, verdict_table
 from loadtest.workload import offline_batch, poisson_arrivals, repetitive_text
@@ -132,3 +133,14 @@ def test_the_spec_bench_schedules_the_best_harmless_token_count_else_the_least_h
     # c=4: only k2 stays above the line; c=8: none does, k2 costs least (0.97); from c=16 on,
     # drafting nothing costs least (0.92 against 0.60).
     assert derive_schedule(rows) == [[1, 1, 8], [2, 2, 4], [3, 8, 2], [9, 64, 0]]
+
+
+def test_the_overload_page_says_when_the_machine_s_speed_moved_during_the_run() -> None:
+    assert capacity_drift(10.0, None) == ""
+    steady = capacity_drift(10.0, 11.0)
+    assert "11.0 req/s" in steady
+    assert "moved" not in steady
+    faster = capacity_drift(7.6, 12.0)
+    assert "1.58x the first" in faster
+    assert "the machine's speed moved" in faster
+    assert "moved" in capacity_drift(10.0, 8.0)
