@@ -266,10 +266,11 @@ def run_server(
     args: argparse.Namespace,
     capacity: float,
     slo_s: float,
-    capacity_after: list[float] | None = None,
-) -> list[Row]:
-    """`capacity_after`: where to put the capacity measured again once its loads are done."""
-    rows = []
+    measure_capacity_again: bool = False,
+) -> tuple[list[Row], float | None]:
+    """Its rows, and the capacity measured again once its loads are done (if asked, else None)."""
+    rows: list[Row] = []
+    capacity_after: float | None = None
     try:
         server.wait_ready(600)
         uvloop.run(closed_loop(server.base_url, 4, 3, args))  # warm
@@ -292,12 +293,12 @@ def run_server(
         wait_idle(server, args.timeout)
         # A burst's goodput is per second of the SLO: how many it answered in time.
         rows.append(row(name, f"burst {count}", float("nan"), slo_s, outcomes, slo_s, before, scrape(server)))
-        if capacity_after is not None:
+        if measure_capacity_again:
             print(f"[{name}] capacity again", flush=True)
-            capacity_after.append(closed_loop_capacity(server, args)[0])
+            capacity_after = closed_loop_capacity(server, args)[0]
     finally:
         server.stop()
-    return rows
+    return rows, capacity_after
 
 
 def mark_false_refusals(rows: list[Row]) -> None:
@@ -419,10 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows: list[Row] = []
     # The machine's speed can move within a run: the server without admission measures it again.
-    capacity_after: list[float] = []
+    capacity_after: float | None = None
     for key in args.servers.split(","):
         name, start = servers[key]
-        rows += run_server(name, start(), args, capacity, slo_s, capacity_after if key == "off" else None)
+        server_rows, measured_again = run_server(name, start(), args, capacity, slo_s, key == "off")
+        rows += server_rows
+        capacity_after = measured_again if measured_again is not None else capacity_after
     mark_false_refusals(rows)
     report = table(rows)
     print(report)
@@ -430,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "capacity_rps": capacity,
-                "capacity_after_rps": capacity_after[0] if capacity_after else None,
+                "capacity_after_rps": capacity_after,
                 "slo_e2e_s": slo_s,
                 "rows": [asdict(r) for r in rows],
             },
@@ -456,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{engine}Capacity (llmserve without admission, {args.clients} clients back to back, "
         f"{args.capacity_duration:g} s): **{capacity:.1f} req/s**, "
         f"e2e p50 {full_batch_p50:.2f} s at that batch. "
-        f"{capacity_drift(capacity, capacity_after[0] if capacity_after else None)}"
+        f"{capacity_drift(capacity, capacity_after)}"
         f"SLO: e2e <= **{slo_s:g} s** for completions of 16-96 prompt words and "
         f"{args.max_tokens[0]}-{args.max_tokens[1]} tokens (greedy, ignore_eos). Open-loop Poisson "
         f"arrivals for {args.duration:g} s per load, then {args.idle:g} s idle and a burst; client timeout "
