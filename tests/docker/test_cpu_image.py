@@ -109,7 +109,9 @@ def test_the_readme_examples_work_against_the_container(serving: Container) -> N
     assert streamed
     answer = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        # Asked bare, bfloat16 on an Intel Xeon with AMX answers "L'Étoile, ..." (a near tie at
+        # the first token; tests/integration/test_chat_real_engine.py).
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
         max_tokens=24,
         temperature=0,
     )

@@ -14,11 +14,18 @@ from tests.integration.conftest import MODEL
 
 GREEDY = {"temperature": 0.0}
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+# For the tests that assert the answer: asked bare, the greedy answer's first token is a near tie
+# ("The" over "L" by 0.1 nats in float32), and bfloat16 on an Intel Xeon with AMX tipped it into
+# "L'Étoile, la Marseillaise, ..."; asked for one word, no step is closer than 0.45 nats in either
+# dtype, and the one that close ("The answer ...") says "Paris" too.
+CAPITAL_IN_ONE_WORD = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 
 @pytest.mark.dtype_sensitive
 def test_greedy_chat_answers_with_paris(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=24, **GREEDY)
+    completion = client.chat.completions.create(
+        model=MODEL, messages=CAPITAL_IN_ONE_WORD, max_tokens=24, **GREEDY
+    )
     assert completion.object == "chat.completion"
     assert completion.id.startswith("chatcmpl-")
     choice = completion.choices[0]
@@ -197,12 +204,12 @@ def test_ignore_eos_and_max_completion_tokens(client: openai.OpenAI) -> None:
 
 @pytest.mark.dtype_sensitive
 def test_chat_stop_really_stops(client: openai.OpenAI) -> None:
-    whole = client.chat.completions.create(model=MODEL, messages=CAPITAL, max_tokens=24, **GREEDY)
+    whole = client.chat.completions.create(model=MODEL, messages=CAPITAL_IN_ONE_WORD, max_tokens=24, **GREEDY)
     text = whole.choices[0].message.content or ""
     stop_word = "Paris"
     assert stop_word in text
     stopped = client.chat.completions.create(
-        model=MODEL, messages=CAPITAL, max_tokens=24, stop=[stop_word], **GREEDY
+        model=MODEL, messages=CAPITAL_IN_ONE_WORD, max_tokens=24, stop=[stop_word], **GREEDY
     )
     assert stopped.choices[0].message.content == text[: text.index(stop_word)]
     assert stopped.choices[0].finish_reason == "stop"
@@ -211,7 +218,7 @@ def test_chat_stop_really_stops(client: openai.OpenAI) -> None:
 @pytest.mark.dtype_sensitive
 async def test_async_client_streams_chat(async_client: openai.AsyncOpenAI) -> None:
     stream = await async_client.chat.completions.create(
-        model=MODEL, messages=CAPITAL, max_tokens=16, stream=True, **GREEDY
+        model=MODEL, messages=CAPITAL_IN_ONE_WORD, max_tokens=16, stream=True, **GREEDY
     )
     content = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
     assert "Paris" in content
