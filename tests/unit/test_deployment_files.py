@@ -158,6 +158,7 @@ def test_every_llmserve_env_var_is_a_config_key_and_the_rest_are_known(
 ) -> None:
     known_elsewhere = {"HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "VLLM_TARGET_DEVICE", "PATH", "HOME",
                        "PYTHONPATH", "PIP_NO_CACHE_DIR", "LLMSERVE_EXTRAS", "LLMSERVE_EDITABLE",
+                       "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST",
                        "GF_AUTH_ANONYMOUS_ENABLED", "GF_AUTH_ANONYMOUS_ORG_ROLE",
                        "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"}  # fmt: skip
     for where, env in all_env():
@@ -221,6 +222,10 @@ def test_the_cpu_image_builds_with_the_commands_make_serve_runs() -> None:
     assert build.index("scripts/setup-venv.sh /opt/llmserve/venv") < build.index("COPY . ."), (
         "dependencies are a layer of their own, before the sources: a source change does not rebuild it"
     )
+    deps = build.split("AS deps", 1)[1].split("AS build", 1)[0]
+    assert "scripts/setup-venv.sh /opt/llmserve/venv" in deps
+    assert "COPY . ." not in deps, "make docker-test builds the dependency stage from changed sources"
+    assert "--target deps" in (REPO / "scripts" / "docker-build.sh").read_text()
     assert '"/usr/bin/tini", "--"' in dockerfile, "PID 1 forwards signals and reaps children"
     assert "scripts/setup-venv.sh $(VENV)" in makefile
     assert "prepare-model --output $(MODEL_DIR)" in makefile
