@@ -44,8 +44,9 @@ serve: model
 
 # The whole suite in the dtype `auto` picks on this CPU, then the tests that assert what the model
 # says once more in the other dtype (bfloat16 on an AVX2-only CPU is emulated and slow: only those).
+# The slowest steps are listed, so that a CI log shows where the time went on whichever CPU it ran.
 test: model lint
-	$(PY) -m pytest tests/unit tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/integration --durations=25 $(PYTEST_ARGS)
 	LLMSERVE_TEST_DTYPE=other $(PY) -m pytest -m dtype_sensitive tests/integration $(PYTEST_ARGS)
 
 test-unit: venv
