@@ -99,7 +99,7 @@ dangling_before=$(docker images --filter dangling=true --quiet --no-trunc | sort
 seconds=$(build "$image-warm-check" "$warm_log" "${args[@]}" --target deps \
     -f "$context_dir/docker/Dockerfile.cpu" "$context_dir")
 docker image rm "$image-warm-check" >/dev/null
-# ...and the build stage it left untagged (its layers shared with the real build stay).
+# ...and whatever it left untagged (layers shared with the real build stay).
 comm -13 <(echo "$dangling_before") <(docker images --filter dangling=true --quiet --no-trunc | sort) \
     | xargs -r docker image rm >/dev/null 2>&1 || true
 if ! grep -A2 'scripts/setup-venv.sh /opt/llmserve/venv' "$warm_log" | grep -q 'Using cache'; then
