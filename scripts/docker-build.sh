@@ -64,7 +64,9 @@ stale=()
 for id in $(docker images --filter dangling=true --quiet --no-trunc); do
     if ours "$id"; then stale+=("$id"); fi
 done
-stale+=($(docker image inspect "$image-warm-check" --format '{{.Id}}' 2>/dev/null || true))
+# An interrupted run's check left its tag on the dependency stage, the parent of every image built
+# here: untag it only (removing it by ID would force-remove the containers of those images).
+docker image rm "$image-warm-check" >/dev/null 2>&1 || true
 previous=$(docker image inspect "$image" --format '{{.Id}}' 2>/dev/null || true)
 previous_stage=$(docker image inspect "$image-build" --format '{{.Id}}' 2>/dev/null || true)
 
