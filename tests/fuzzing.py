@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ MAX_NEW_TOKENS = 4
 MIN_CLIENT_TIMEOUT_S = 30.0
 EXAMPLES_ENV = "LLMSERVE_FUZZ_EXAMPLES"
 SEED_ENV = "LLMSERVE_FUZZ_SEED"
+SLOWEST_KEPT = 5
 
 
 @dataclass
@@ -61,6 +63,15 @@ class FuzzReport:
     refusal_examples: dict[str, str] = field(default_factory=dict)
     schema_valid: Counter[str] = field(default_factory=Counter)
     schema_valid_served: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[tuple[str, str]] = field(default_factory=Counter)
+    slowest: list[tuple[float, str]] = field(default_factory=list)
+
+    def timed(self, operation: str, mode: str, seconds: float, body: Any) -> None:
+        """Where the run's time goes: per operation and mode, and its SLOWEST_KEPT slowest cases."""
+        self.seconds[(operation, mode)] += seconds
+        self.slowest.append((seconds, f"{operation} [{mode}] {_shape(body)}"))
+        self.slowest.sort(reverse=True)
+        del self.slowest[SLOWEST_KEPT:]
 
     def valid_rate(self, operation: str) -> float:
         """The share of schema-valid requests the server served: schemathesis warns that an
@@ -75,9 +86,10 @@ class FuzzReport:
     def summary(self) -> str:
         lines = [f"schema fuzzing (schemathesis, from /openapi.json, {SEED_ENV}={self.seed}):"]
         lines += [
-            f"  {operation} [{mode}]: {count} cases"
+            f"  {operation} [{mode}]: {count} cases, {self.seconds[(operation, mode)]:.1f} s in requests"
             for (operation, mode), count in sorted(self.cases.items())
         ]
+        lines.append("  slowest cases: " + "; ".join(f"{s:.2f} s {case}" for s, case in self.slowest))
         lines.append(
             "  responses by status: " + ", ".join(f"{s}: {n}" for s, n in sorted(self.statuses.items()))
         )
@@ -91,6 +103,19 @@ class FuzzReport:
         lines.append(f"  failed checks: {len(self.failures)}")
         lines += [f"    {failure}" for failure in self.failures[:20]]
         return "\n".join(lines)
+
+
+def _shape(body: Any) -> str:
+    """What makes a generation request costly, without the generated junk around it."""
+    if not isinstance(body, dict):
+        return type(body).__name__
+    costly = ("n", "max_tokens", "max_completion_tokens", "logprobs", "echo", "top_logprobs")
+    shape = {key: body[key] for key in costly if key in body}
+    for key in ("prompt", "messages"):
+        if isinstance(value := body.get(key), list | str):
+            kind = f"list of {len(value)}" if isinstance(value, list) else "str"
+            shape[key] = f"{kind}, {len(json.dumps(value, default=str))} chars"
+    return json.dumps(shape, default=str)
 
 
 def examples_per_operation(default: int) -> int:
@@ -117,8 +142,12 @@ def openai_error_problem(response: Any) -> str | None:
     return None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_integral(value: Any) -> bool:
+    """An integer as JSON Schema counts one: 410.0 is one too, and the server takes it as 410
+    (schemathesis draws such values for integer fields; left uncapped, one case took 16 s)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
 def cap_new_tokens(body: Any) -> Any:
@@ -127,7 +156,7 @@ def cap_new_tokens(body: Any) -> Any:
         return body
     capped = dict(body)
     for key in ("max_tokens", "max_completion_tokens"):
-        if _is_int(capped.get(key)) and capped[key] > MAX_NEW_TOKENS:
+        if _is_integral(capped.get(key)) and capped[key] > MAX_NEW_TOKENS:
             capped[key] = MAX_NEW_TOKENS
     # null is schema-valid, so filling it in cannot hide a violation
     if capped.get("max_tokens") is None and capped.get("max_completion_tokens") is None:
@@ -140,7 +169,7 @@ def bound_generation(body: Any) -> Any:
     bounded = cap_new_tokens(body)
     if not isinstance(bounded, dict):
         return bounded
-    if _is_int(bounded.get("n")) and bounded["n"] > 2:
+    if _is_integral(bounded.get("n")) and bounded["n"] > 2:
         bounded["n"] = 2
     timeout = bounded.get("timeout")
     if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout < MIN_CLIENT_TIMEOUT_S:
@@ -169,7 +198,9 @@ def _fuzz_operation(
             # A schema-violating request the server wrongly accepted must still finish quickly.
             bounded = bound_generation if mode is GenerationMode.POSITIVE else cap_new_tokens
             case.body = bounded(case.body)
+        started = time.monotonic()
         response = case.call(base_url=base_url, timeout=timeout_s)
+        report.timed(operation.label, mode.value, time.monotonic() - started, case.body)
         report.cases[(operation.label, mode.value)] += 1
         report.statuses[response.status_code] += 1
         if mode is GenerationMode.POSITIVE:
