@@ -63,12 +63,12 @@ class FuzzReport:
     refusal_examples: dict[str, str] = field(default_factory=dict)
     schema_valid: Counter[str] = field(default_factory=Counter)
     schema_valid_served: Counter[str] = field(default_factory=Counter)
-    seconds: Counter[tuple[str, str]] = field(default_factory=Counter)
+    seconds: dict[tuple[str, str], float] = field(default_factory=dict)
     slowest: list[tuple[float, str]] = field(default_factory=list)
 
     def timed(self, operation: str, mode: str, seconds: float, body: Any) -> None:
         """Where the run's time goes: per operation and mode, and its SLOWEST_KEPT slowest cases."""
-        self.seconds[(operation, mode)] += seconds
+        self.seconds[(operation, mode)] = self.seconds.get((operation, mode), 0.0) + seconds
         self.slowest.append((seconds, f"{operation} [{mode}] {_shape(body)}"))
         self.slowest.sort(reverse=True)
         del self.slowest[SLOWEST_KEPT:]
@@ -86,8 +86,8 @@ class FuzzReport:
     def summary(self) -> str:
         lines = [f"schema fuzzing (schemathesis, from /openapi.json, {SEED_ENV}={self.seed}):"]
         lines += [
-            f"  {operation} [{mode}]: {count} cases, {self.seconds[(operation, mode)]:.1f} s in requests"
-            for (operation, mode), count in sorted(self.cases.items())
+            f"  {label} [{mode}]: {count} cases, {self.seconds.get((label, mode), 0.0):.1f} s in requests"
+            for (label, mode), count in sorted(self.cases.items())
         ]
         lines.append("  slowest cases: " + "; ".join(f"{s:.2f} s {case}" for s, case in self.slowest))
         lines.append(
