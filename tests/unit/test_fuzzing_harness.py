@@ -43,6 +43,7 @@ def test_integral_floats_are_integers_to_the_schema_and_are_capped_too() -> None
     assert cap_new_tokens({"max_tokens": 410.0})["max_tokens"] == MAX_NEW_TOKENS
     assert cap_new_tokens({"max_completion_tokens": 300.0})["max_completion_tokens"] == MAX_NEW_TOKENS
     assert cap_new_tokens({"max_tokens": 4.5})["max_tokens"] == 4.5, "not an integer: the violation"
+    assert cap_new_tokens({"max_tokens": 1e20})["max_tokens"] == 1e20, "past 2^53 the server refuses it"
     assert cap_new_tokens({"max_tokens": True})["max_tokens"] is True
     assert bound_generation({"n": 12.0})["n"] == 2
 

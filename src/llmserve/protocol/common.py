@@ -12,7 +12,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 _EXACT_FLOAT_INTEGERS = 2**53
 
 
-def _integral_float_as_int(value: object) -> object:
+def integral_float_as_int(value: object) -> object:
+    """5.0 as 5; anything else (5.5, a float past 2^53, "5", true) as it came."""
     if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_FLOAT_INTEGERS:
         return int(value)
     return value
@@ -21,7 +22,7 @@ def _integral_float_as_int(value: object) -> object:
 # Request integers as JSON Schema defines them: 5.0 is the integer 5 (strict pydantic alone would
 # refuse it), while 5.5, "5" and true are not integers. Use as `Annotated[int, Field(...), INTEGRAL]`:
 # constraints placed before the validator are the ones /openapi.json shows as minimum/maximum.
-INTEGRAL = BeforeValidator(_integral_float_as_int)
+INTEGRAL = BeforeValidator(integral_float_as_int)
 
 
 class OpenAIBaseModel(BaseModel):
