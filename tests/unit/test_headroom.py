@@ -60,21 +60,21 @@ def test_a_cluster_of_misses_cuts_once_since_those_queued_before_the_cut_were_pr
     headroom = Headroom(clock=lambda: now[0])
     now[0] = 10.0
     for _ in range(4):  # queued at 9 s, all missing at 10 s: one lesson
-        headroom.observe(met_target=False, arrived_at=9.0)
+        headroom.observe(met_target=False, queued_at=9.0)
     assert headroom.share == pytest.approx(START_SHARE - MISS_COST)
     assert headroom.missed == 4
     now[0] = 11.0
-    headroom.observe(met_target=False, arrived_at=10.5)  # queued under the lowered share: it cuts again
+    headroom.observe(met_target=False, queued_at=10.5)  # queued under the lowered share: it cuts again
     assert headroom.share == pytest.approx(START_SHARE - 2 * MISS_COST)
 
 
 def test_after_a_cut_only_requests_queued_since_raise_it_again() -> None:
     now = [10.0]
     headroom = Headroom(clock=lambda: now[0])
-    headroom.observe(met_target=False, arrived_at=9.0)
+    headroom.observe(met_target=False, queued_at=9.0)
     for _ in range(100):  # the rest of the queue promised before the cut meets its targets
-        headroom.observe(met_target=True, arrived_at=9.5)
+        headroom.observe(met_target=True, queued_at=9.5)
     assert headroom.share == pytest.approx(START_SHARE - MISS_COST)
     assert headroom.met == 100
-    headroom.observe(met_target=True, arrived_at=10.5)  # promised under the lowered share
+    headroom.observe(met_target=True, queued_at=10.5)  # promised under the lowered share
     assert headroom.share == pytest.approx(START_SHARE - MISS_COST + MET_GAIN)

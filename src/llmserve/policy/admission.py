@@ -6,7 +6,7 @@ an SLO, time: at the batch it would join, its predicted time in the engine meets
 and adding it pushes no running request that can still make its deadline past it. A request
 that does not fit waits in a fair queue (priority, then fair across keys) if its predicted wait
 leaves it time to meet its target (without an e2e target: to be admitted within
-`queue_timeout_s`), with a margin steered by how the admitted requests fared (policy/headroom.py);
+`queue_timeout_s`), with a margin steered by how the queued requests fared (policy/headroom.py);
 otherwise it is refused at once, before any engine work, with 429 and a Retry-After of the
 predicted time until it would fit. Predictions come from the ServiceModel,
 which learns from every token the engine produces; there is always one.
@@ -59,7 +59,7 @@ class Ticket:
     expected_tokens: int = 0
     deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
     admitted_at: float | None = None
-    queued: bool = False  # waited for room
+    queued: bool = False  # waited for room: its outcome steers the headroom
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
     planned_batch: int = 0  # the batch that prediction was made at
     steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
@@ -305,10 +305,9 @@ class Admission:
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 if self._ran_as_planned(ticket):
                     self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
-                if ticket.queued or ticket.deadline_at is not None:  # it had a promise to keep
-                    # Queued without an e2e deadline, being admitted in time was the promise.
+                if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
                     self.headroom.observe(
-                        ticket.deadline_at is None or now <= ticket.deadline_at, arrived_at=ticket.arrived_at
+                        ticket.deadline_at is None or now <= ticket.deadline_at, queued_at=ticket.arrived_at
                     )
         self._admit_waiters()
 
@@ -570,7 +569,7 @@ class Admission:
         A queued request refused after waiting is a miss the headroom learns from. `forecast` and
         `budget_s`: as the caller took them for this decision, if it did."""
         if after_waiting:
-            self.headroom.observe(met_target=False, arrived_at=ticket.arrived_at)
+            self.headroom.observe(met_target=False, queued_at=ticket.arrived_at)
         now = self._clock()
         while self._told_to_retry and self._told_to_retry[0] <= now:
             self._told_to_retry.pop(0)

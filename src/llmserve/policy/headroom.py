@@ -1,24 +1,17 @@
-"""How much of its wait budget a queued request may be promised, steered by how admitted requests fared.
+"""How much of its wait budget a queued request may be promised, steered by those that waited.
 
 A request that cannot run at once is queued only if its predicted wait is at most `share` of the
 time it has (its latency target less its predicted service; without targets, queue_timeout_s).
 Predictions err both ways and the SLO is a 99th percentile, so the share is steered by outcomes,
-as a congestion window is: each request that kept its promise (finished by its e2e deadline;
-queued without one, admitted in time) raises it a little, each that missed (finished after its
-deadline, or refused after waiting) lowers it MISS_COST. At equilibrium TARGET_MISS_SHARE of them
-miss, and the queue takes as much as that allows: more when predictions are pessimistic (fewer
-false refusals), less when they are optimistic (fewer late answers and slow refusals). Never more
-than the whole budget.
-
-The requests run at once count as well as the queued: the percentile is over every request, so
-where few wait and those run at once keep their deadlines (up to about the capacity) the queue
-may spend the misses they leave unused. Counted over the queued alone, the share stayed near where
-it starts at 1x load, and the door refused 3-8 long requests a run that `vllm serve` answered in
-time. Under overload nearly every admitted request has queued, and the two counts agree.
+as a congestion window is: each queued request that met its target raises it a little, each that
+missed (finished after its deadline, or refused after waiting) lowers it MISS_COST. At equilibrium
+TARGET_MISS_SHARE of the queued requests miss, and the queue takes as much as that allows: more
+when predictions are pessimistic (fewer false refusals), less when they are optimistic (fewer
+late answers and slow refusals). Never more than the whole budget.
 
 A miss lowers the share once per cut, as TCP halves its window once per round trip: a request
-that arrived before the last cut came in under the share that cut already lowered, so its miss
-says nothing new. (Misses come in clusters, when a burst's prompts lengthen the steps
+queued before the last cut was promised its place under the share that cut already lowered, so
+its miss says nothing new. (Misses come in clusters, when a burst's prompts lengthen the steps
 for every request queued behind them: counted one by one, four misses within a second took the
 share from 0.8 to its floor, and the engine then ran half full while the queue refused.) Nor does
 its success raise the share again, as TCP in fast recovery grows its window only once the data
@@ -37,7 +30,7 @@ import math
 import time
 from collections.abc import Callable
 
-TARGET_MISS_SHARE = 0.01  # the SLO's percentile: 99 in 100 requests meet it
+TARGET_MISS_SHARE = 0.01  # the SLO's percentile: 99 in 100 queued requests meet it
 START_SHARE = 0.8
 SHARE_BOUNDS = (0.3, 1.0)
 MISS_COST = 0.2
@@ -67,10 +60,10 @@ class Headroom:
     def share(self, value: float) -> None:
         self._learned, self._learned_at = value, self._clock()
 
-    def observe(self, met_target: bool, arrived_at: float | None = None) -> None:
-        """A request's outcome; `arrived_at`: when it arrived, to be queued or run (by this clock)."""
+    def observe(self, met_target: bool, queued_at: float | None = None) -> None:
+        """A queued request's outcome; `queued_at`: when it was queued (by this clock)."""
         low, high = SHARE_BOUNDS
-        before_cut = arrived_at is not None and arrived_at < self._cut_at
+        before_cut = queued_at is not None and queued_at < self._cut_at
         if met_target:
             self.met += 1
             if not before_cut:
