@@ -76,6 +76,8 @@ class Row:
     refusal_p99_server_ms: float | None
     arrival_refusal_p99_server_ms: float | None  # those refused at arrival, not after waiting
     refused_after_waiting: int | None  # llmserve's count of slow refusals (queued, then refused)
+    # llmserve's queued requests: what they took over what admission predicted, at the median
+    queued_prediction_p50: float | None = None
     false_refusals: int | None = None
 
 
@@ -167,6 +169,14 @@ def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: s
     return None if p99 is None else p99 * 1000
 
 
+def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float | None:
+    """The median of what queued requests took over what admission predicted when it queued them."""
+    name = "llmserve_admission_e2e_prediction_ratio"
+    if before is None or after is None or not after.has(f"{name}_bucket"):
+        return None
+    return histogram_quantile(0.5, bucket_deltas(after, before, name, decision="queued"))
+
+
 def refused_after_waiting(before: Scrape | None, after: Scrape | None) -> int | None:
     if before is None or after is None or not after.has("llmserve_requests_total"):
         return None
@@ -204,6 +214,7 @@ def row(
         refusal_p99_server_ms=refusal_p99_server_ms(before, after),
         arrival_refusal_p99_server_ms=refusal_p99_server_ms(before, after, when="at_arrival"),
         refused_after_waiting=refused_after_waiting(before, after),
+        queued_prediction_p50=queued_prediction_p50(before, after),
     )
 
 
@@ -314,8 +325,8 @@ def table(rows: list[Row]) -> str:
     lines = [
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
-        "429 at arrival p99 server ms | 429 after waiting | false 429 |",
-        "| --- | --- " + "| ---: " * 15 + "|",
+        "429 at arrival p99 server ms | 429 after waiting | false 429 | queued: took / predicted p50 |",
+        "| --- | --- " + "| ---: " * 16 + "|",
     ]
     for r in rows:
         server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
@@ -323,12 +334,13 @@ def table(rows: list[Row]) -> str:
         arrival_ms = "n/a" if arrival is None else f"{arrival:.1f}"
         false = "n/a" if r.false_refusals is None else str(r.false_refusals)
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
+        ratio = "n/a" if r.queued_prediction_p50 is None else f"{r.queued_prediction_p50:.2f}"
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "
             f"{r.failed} | {r.goodput_rps:.2f} | {r.throughput_rps:.2f} | {r.admitted_p50_s:.2f} | "
             f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | "
-            f"{arrival_ms} | {slow} | {false} |"
+            f"{arrival_ms} | {slow} | {false} | {ratio} |"
         )
     return "\n".join(lines)
 

@@ -51,6 +51,12 @@ REFUSAL_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 )  # fmt: skip
 
+# Actual over predicted: edges close around 1, where a few per cent decide a refusal at the SLO's edge.
+PREDICTION_RATIO_BUCKETS = (
+    0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5, 2.0, 4.0,
+)  # fmt: skip
+ADMISSION_DECISIONS = ("run_at_once", "queued")
+
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 KNOWN_ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/ready", "/metrics")
 OTHER_ROUTE = "other"
@@ -152,6 +158,16 @@ class GatewayMetrics:
             buckets=REFUSAL_BUCKETS_S,
             registry=self.registry,
         )
+        self.prediction_ratio = Histogram(
+            "llmserve_admission_e2e_prediction_ratio",
+            "Completed requests' time from arrival until the engine finished them, over what "
+            "admission predicted when it decided (its wait, if queued, and its service): below 1 "
+            "admission is pessimistic (it refuses what it could serve in time), above 1 optimistic "
+            "(answers come late). decision: run_at_once or queued.",
+            ["model", "decision"],
+            buckets=PREDICTION_RATIO_BUCKETS,
+            registry=self.registry,
+        )
         self.predicted_step = Gauge(
             "llmserve_admission_predicted_step_seconds",
             "Admission's prediction of one engine step (a token for every running sequence), by batch size.",
@@ -217,6 +233,8 @@ class GatewayMetrics:
                 self.rejections.labels(model, route, reason)
             for when in REFUSAL_TIMES:
                 self.rejection_latency.labels(model, route, when)
+        for decision in ADMISSION_DECISIONS:
+            self.prediction_ratio.labels(model, decision)
 
     def watch_service_model(
         self,
@@ -348,6 +366,11 @@ class RequestObservation:
         self.metrics.errors.labels(*self._labels, error.code or "unknown").inc()
         if error.rejection is not None:
             self.on_rejected(error.rejection)
+
+    def on_admission_outcome(self, queued: bool, predicted_s: float, actual_s: float) -> None:
+        if predicted_s > 0:
+            decision = "queued" if queued else "run_at_once"
+            self.metrics.prediction_ratio.labels(self.metrics.model, decision).observe(actual_s / predicted_s)
 
     def on_rejected(self, reason: str) -> None:
         self.failed = True

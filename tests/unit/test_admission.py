@@ -290,6 +290,25 @@ async def test_waiters_are_admitted_first_come_first_served_as_slots_free() -> N
     assert queue.running == 2
 
 
+async def test_each_request_carries_the_e2e_admission_predicted_when_it_decided_and_what_it_took() -> None:
+    clock = FakeClock()
+    queue = admission(clock, queue_timeout_s=5)
+    running = await run(queue, sequences=2)  # 10 steps at a batch of 2: 1.2 s
+    assert running.predicted_e2e_s == pytest.approx(running.predicted_s * queue.model.correction)
+    queued = queue.ticket(1, 10, 10)
+    assert not queue.admit_now(queued)
+    assert queued.forecast_wait_s == pytest.approx(1.2, rel=0.05)
+    assert queued.predicted_e2e_s is not None
+    assert queued.predicted_e2e_s > queued.forecast_wait_s, "its wait, then its own service"
+    clock.now += 1.0
+    queue.release(running, completed=True)
+    await queue.wait_for_room(queued)
+    clock.now += 1.5
+    queue.release(queued, completed=True)
+    assert queued.finished_at is not None
+    assert queued.finished_at - queued.arrived_at == pytest.approx(2.5)
+
+
 async def test_a_full_waiting_room_refuses_at_once_with_retry_after() -> None:
     queue = admission(max_waiting=1, queue_timeout_s=5)
     await run(queue, sequences=2)
@@ -639,6 +658,21 @@ async def test_overload_over_http_is_a_fast_429_with_retry_after() -> None:
     assert metrics.value("llmserve_queue_wait_seconds_count") == 2
     assert metrics.value("llmserve_rejection_latency_seconds_count") == 2
     assert app.state.permits.admission.running == 0
+
+
+async def test_metrics_compare_what_each_request_took_with_what_admission_predicted() -> None:
+    settings = ("admission.max_in_flight=1", "admission.max_waiting=1", "admission.queue_timeout_s=30")
+    async with ready_client(0.02, *settings) as (_, client):
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 10}
+        responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(2)))
+        assert [r.status_code for r in responses] == [200, 200]
+        refused = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(3)))
+        assert sorted(r.status_code for r in refused) == [200, 200, 429]
+        metrics = Scrape.parse((await client.get("/metrics")).text)
+    ratio = "llmserve_admission_e2e_prediction_ratio"
+    assert metrics.value(f"{ratio}_count", decision="run_at_once") == 2
+    assert metrics.value(f"{ratio}_count", decision="queued") == 2, "one a round, not the refused"
+    assert metrics.value(f"{ratio}_sum", decision="queued") > 0
 
 
 async def test_metrics_time_refusals_at_arrival_apart_from_refusals_after_waiting() -> None:

@@ -63,6 +63,11 @@ class Ticket:
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
     planned_batch: int = 0  # the batch that prediction was made at
     steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
+    # When admission decided on it: its predicted wait for room (a queued request's), and its
+    # predicted time from arrival to release, wait and service (corrected); None: none was made.
+    forecast_wait_s: float | None = None
+    predicted_e2e_s: float | None = None
+    finished_at: float | None = None  # released after it completed
     generated: int = 0
     admitted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -216,7 +221,7 @@ class Admission:
         if self._waiting_prompt_tokens + ticket.prompt_tokens > self.config.max_waiting_prompt_tokens:
             raise self._refuse(ticket, "The server is at capacity: too many prompt tokens are waiting.")
         forecast, budget = self._forecast(ticket), self._wait_budget_s(ticket)
-        wait = forecast.wait_s()
+        wait = ticket.forecast_wait_s = forecast.wait_s()
         if self.config.shed_by_estimate and wait > self.headroom.share * budget:
             raise self._refuse(
                 ticket,
@@ -243,8 +248,12 @@ class Admission:
             self._arrivals.append(ticket.arrived_at)
         if not self._waiting and self._take(ticket, self._clock()):
             self._start(ticket)
+            if self.config.enabled:  # the fit's prediction, at its planned batch, corrected
+                ticket.predicted_e2e_s = ticket.predicted_s * self.model.correction
             return True
         ticket.queued = True
+        if ticket.forecast_wait_s is not None:
+            ticket.predicted_e2e_s = ticket.forecast_wait_s + self._service_s(ticket, self.planned_batch())
         self._waiting.push(ticket, ticket.key, ticket.sequences * ticket.expected_tokens, ticket.priority)
         self._waiting_prompt_tokens += ticket.prompt_tokens
         self._admit_waiters()
@@ -301,7 +310,7 @@ class Admission:
             self._running.discard(ticket)
             self._load.give_back(ticket.sequences, ticket.kv_tokens)
             if completed and ticket.admitted_at is not None:
-                now = self._clock()
+                now = ticket.finished_at = self._clock()
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 if self._ran_as_planned(ticket):
                     self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)

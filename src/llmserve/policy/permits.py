@@ -48,10 +48,13 @@ class Cost:
 
 
 class Usage(Protocol):
-    """Where the permit reads how many tokens a request generated (the request's observation)."""
+    """Where the permit reads how many tokens a request generated, and tells how admission's
+    prediction for it came out (the request's observation)."""
 
     @property
     def generated_tokens(self) -> int: ...
+
+    def on_admission_outcome(self, queued: bool, predicted_s: float, actual_s: float) -> None: ...
 
 
 class Deadline:
@@ -232,8 +235,11 @@ class Permit:
             raise RuntimeError("a permit is released exactly once")
         self.released = True
         self.deadline.cancel()
-        if self._ticket is not None:
-            self._admission.release(self._ticket, completed=completed)
+        if (ticket := self._ticket) is not None:
+            self._admission.release(ticket, completed=completed)
+            if ticket.predicted_e2e_s is not None and ticket.finished_at is not None:
+                actual_s = ticket.finished_at - ticket.arrived_at
+                self._usage.on_admission_outcome(ticket.queued, ticket.predicted_e2e_s, actual_s)
         elif self._waiting is not None:  # queued, and cancelled before it could wait
             self._admission.withdraw(self._waiting)
         if self._key is not None:
