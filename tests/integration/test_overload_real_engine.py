@@ -91,6 +91,13 @@ def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_dead
     assert within == dict(waits)[float("inf")] == len(admitted), (
         "no admitted request waited past its deadline"
     )
+    ratio = "llmserve_admission_e2e_prediction_ratio"
+    predictions = bucket_deltas(after, before, ratio)
+    assert dict(predictions)[float("inf")] == len(admitted), "each admitted request's prediction was checked"
+    median = histogram_quantile(0.5, predictions)
+    assert median is not None
+    LEDGER.notes.append(f"burst: admitted requests took {median:.2f}x admission's prediction at the median")
+    assert 0.25 <= median <= 4, "the predictions admission decides on are of the right order"
     assert httpx.get(f"{base}/health").status_code == 200
     assert (
         httpx.post(
