@@ -162,19 +162,24 @@ async def closed_loop(
     return outcomes
 
 
-def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: str) -> float | None:
-    if before is None or after is None or not after.has("llmserve_rejection_latency_seconds_bucket"):
+def quantile_between(
+    before: Scrape | None, after: Scrape | None, quantile: float, name: str, **only: str
+) -> float | None:
+    """The quantile of histogram `name` over what it gained between two scrapes of llmserve;
+    None for a server that does not export it, or without scrapes."""
+    if before is None or after is None or not after.has(f"{name}_bucket"):
         return None
-    p99 = histogram_quantile(0.99, bucket_deltas(after, before, "llmserve_rejection_latency_seconds", **only))
+    return histogram_quantile(quantile, bucket_deltas(after, before, name, **only))
+
+
+def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: str) -> float | None:
+    p99 = quantile_between(before, after, 0.99, "llmserve_rejection_latency_seconds", **only)
     return None if p99 is None else p99 * 1000
 
 
 def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float | None:
     """The median of what queued requests took over what admission predicted when it queued them."""
-    name = "llmserve_admission_e2e_prediction_ratio"
-    if before is None or after is None or not after.has(f"{name}_bucket"):
-        return None
-    return histogram_quantile(0.5, bucket_deltas(after, before, name, decision="queued"))
+    return quantile_between(before, after, 0.5, "llmserve_admission_e2e_prediction_ratio", decision="queued")
 
 
 def refused_after_waiting(before: Scrape | None, after: Scrape | None) -> int | None:
