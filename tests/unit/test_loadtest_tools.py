@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from loadtest.bench_driver import RequestResult, percentile, summarise
 from loadtest.engine_bench import derive
-from loadtest.goodput_bench import capacity_drift
+from loadtest.goodput_bench import capacity_drift, queued_prediction_p50, refusal_p99_server_ms
 from loadtest.locust_options import parse_weights
+from loadtest.prom import Scrape
 from loadtest.slo import evaluate, highest_passing, load_slo, passed, verdict_table
 from loadtest.workload import offline_batch, poisson_arrivals, repetitive_text
 
@@ -144,3 +145,29 @@ def test_the_overload_page_says_when_the_machine_s_speed_moved_during_the_run() 
     assert "1.58x the first" in faster
     assert "the machine's speed moved" in faster
     assert "moved" in capacity_drift(10.0, 8.0)
+
+
+def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothing_for_vllm_serve() -> None:
+    def scrape(refused_fast: int, refused_slow: int, queued_on_time: int) -> Scrape:
+        refusals = "llmserve_rejection_latency_seconds_bucket"
+        ratios = "llmserve_admission_e2e_prediction_ratio_bucket"
+        return Scrape.parse(
+            f'{refusals}{{when="at_arrival",le="0.01"}} {refused_fast}\n'
+            f'{refusals}{{when="at_arrival",le="+Inf"}} {refused_fast}\n'
+            f'{refusals}{{when="after_waiting",le="0.01"}} 0\n'
+            f'{refusals}{{when="after_waiting",le="+Inf"}} {refused_slow}\n'
+            f'{ratios}{{decision="queued",le="0.9"}} 0\n'
+            f'{ratios}{{decision="queued",le="1.0"}} {queued_on_time}\n'
+            f'{ratios}{{decision="queued",le="+Inf"}} {queued_on_time}\n'
+            f'{ratios}{{decision="run_at_once",le="0.9"}} 50\n'
+            f'{ratios}{{decision="run_at_once",le="+Inf"}} 50\n'
+        )
+
+    before, after = scrape(5, 0, 0), scrape(105, 0, 20)
+    assert refusal_p99_server_ms(before, after) == pytest.approx(9.9)
+    assert refusal_p99_server_ms(before, after, when="at_arrival") == pytest.approx(9.9)
+    assert queued_prediction_p50(before, after) == pytest.approx(0.95), "the queued only, this load only"
+    vllm = Scrape.parse("vllm:num_requests_running 0\n")
+    assert refusal_p99_server_ms(vllm, vllm) is None
+    assert queued_prediction_p50(vllm, vllm) is None
+    assert queued_prediction_p50(None, after) is None
