@@ -223,13 +223,17 @@ class Admission:
         forecast, budget = self._forecast(ticket), self._wait_budget_s(ticket)
         wait = ticket.forecast_wait_s = forecast.wait_s()
         if self.config.shed_by_estimate and wait > self.headroom.share * budget:
-            raise self._refuse(
-                ticket,
-                f"The server is overloaded: this request would wait about {wait:.1f} s, "
-                f"{self._budget_reason(ticket)} leaves {max(0.0, budget):.1f} s.",
-                forecast=forecast,
-                budget_s=budget,
-            )
+            if budget > 0:
+                message = (
+                    f"The server is overloaded: this request would wait about {wait:.1f} s, "
+                    f"{self._budget_reason(ticket)} leaves {budget:.1f} s."
+                )
+            else:
+                message = (
+                    "The server is overloaded: at the batch this request would join it would not "
+                    f"finish within {self._budget_reason(ticket)}."
+                )
+            raise self._refuse(ticket, message, forecast=forecast, budget_s=budget)
 
     async def admit(self, ticket: Ticket) -> None:
         """Run `ticket` now, or wait for room in the fair queue; raise OverloadedError when it
@@ -243,9 +247,20 @@ class Admission:
         `withdraw` takes it out if the caller never waits). Synchronous, so that a refusal or an
         admission costs no turn of the event loop: under load each turn waits behind the streams'
         work (door refusals took 6 ms at the median and 17 ms at p99 for 0.4 ms of their own)."""
-        self.check(ticket)
-        if ticket.prompt_tokens > 0:  # it will run: the batch it joins keeps running (not the probe)
+        # Unless refused it runs, and the batch it joins is planned with its own arrival counted,
+        # so the door decides on the batch the queue will (not the probe before planning). Counted
+        # only after the door, one arrival more could tip the rate, and the planned batch with it,
+        # past the one the door allowed: the queue then refused it at once "after waiting", which
+        # the headroom takes for a queued request's miss.
+        counted = ticket.prompt_tokens > 0
+        if counted:
             self._arrivals.append(ticket.arrived_at)
+        try:
+            self.check(ticket)
+        except OverloadedError:
+            if counted:
+                self._arrivals.pop()
+            raise
         if not self._waiting and self._take(ticket, self._clock()):
             self._start(ticket)
             if self.config.enabled:  # the fit's prediction, at its planned batch, corrected
