@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from llmserve.config import AdmissionConfig, SloConfig
 from llmserve.errors import OverloadedError
+from llmserve.policy.arrival_rate import ArrivalRate
 from llmserve.policy.fair_queue import FairQueue
 from llmserve.policy.headroom import Headroom
 from llmserve.policy.loop_lag import EventLoopLag
@@ -37,8 +38,6 @@ MAX_RETRY_AFTER_S = 60
 # A finished request checks the prediction made at admission if the batch it ran with was within
 # this factor of the batch that prediction planned on, either way.
 RAN_AS_PLANNED = 0.8
-ARRIVAL_WINDOW_S = 2.0  # the arrival rate that sets the batch a request will share
-RATE_FROM_FIRST_ARRIVALS = 8  # fewer within the window: a trickle, measured over all of it
 KEPT_RUNNING_STEPS = 16  # iterations of Little's law for the batch arrivals keep running
 # With a group of API processes, how often waiters look for room freed by the others.
 GROUP_POLL_S = 0.005
@@ -136,7 +135,7 @@ class Admission:
         self._waiting_prompt_tokens = 0  # of the queued tickets (each counts its prompts once)
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
         self._batches = BatchHistory()
-        self._arrivals: deque[float] = deque()  # when requests admitted or queued (not probes) arrived
+        self._arrivals = ArrivalRate()  # of the requests admitted or queued (not probes)
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
         self.loop_lag = EventLoopLag()
@@ -254,12 +253,12 @@ class Admission:
         # the headroom takes for a queued request's miss.
         counted = ticket.prompt_tokens > 0
         if counted:
-            self._arrivals.append(ticket.arrived_at)
+            self._arrivals.arrive(ticket.arrived_at)
         try:
             self.check(ticket)
         except OverloadedError:
             if counted:
-                self._arrivals.pop()
+                self._arrivals.take_back()
             raise
         if not self._waiting and self._take(ticket, self._clock()):
             self._start(ticket)
@@ -514,17 +513,12 @@ class Admission:
         return max(1, min(limit, max(self.running, kept_running)))
 
     def _arrival_rate(self) -> float:
-        """Requests admitted or queued per second, over the last ARRIVAL_WINDOW_S or, once enough
-        have arrived, since the first of them: at the start of a load the window still holds the
-        idle spell before it (its first requests, planned at the 4 or 9 the arrivals so far
-        kept running, ran at 50 and missed the SLO by 1-2 s)."""
-        now = self._clock()
-        while self._arrivals and self._arrivals[0] < now - ARRIVAL_WINDOW_S:
-            self._arrivals.popleft()
-        arrived = len(self._arrivals)
-        if arrived < RATE_FROM_FIRST_ARRIVALS:
-            return arrived / ARRIVAL_WINDOW_S
-        return arrived / max(now - self._arrivals[0], 1e-3)
+        """Requests admitted or queued per second (policy/arrival_rate.py): steady over the last
+        10 s, or over the last 2 s where those say the load changed; from the first of them at the
+        start of a load, so that the idle spell before it is not averaged in (its first requests,
+        planned at the 4 or 9 the arrivals so far kept running, ran at 50 and missed the SLO by
+        1-2 s)."""
+        return self._arrivals.per_second(self._clock())
 
     def _too_slow_per_token(self, prompt_tokens: int, batch: int) -> bool:
         """At `batch`, a step would exceed the TPOT target, or prefill and a step the TTFT target."""
