@@ -45,6 +45,16 @@ def test_a_ramp_is_followed_within_about_a_second() -> None:
     assert estimates[-1] >= 15.0
 
 
+def test_a_bigger_load_after_a_short_quiet_is_followed_as_quickly() -> None:
+    """The quiet (a drain between loads) is within the last 10 s: the last 2 s count from the new
+    load's first arrival, not over the quiet, or the new load reads as the old one's echo for over
+    a second while its first requests are planned at the batch it had."""
+    rate = ArrivalRate()
+    poisson(rate, 10.0, 0.0, 20.0, seed=6)
+    estimates = poisson(rate, 20.0, 23.0, 24.0, seed=7)
+    assert estimates[-1] >= 15.0
+
+
 def test_the_end_of_a_load_is_followed_within_about_two_seconds() -> None:
     rate = ArrivalRate()
     poisson(rate, 20.0, 0.0, 30.0, seed=4)
