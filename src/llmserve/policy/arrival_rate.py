@@ -16,7 +16,7 @@ second or two:
 
 Simulated at every arrival of a steady 5.1 a second, the rate over 2 s alone (as before) read 6.1
 at the median and 10.8 at p99, and with the host's fitted step times planned a batch of 57 or
-more at one arrival in six; this reads 5.1 and 7.0, and one in 300. A step from 5.1 to 20 a
+more at one arrival in six; this reads 5.1 and 7.1, and one in 250. A step from 5.1 to 20 a
 second reads 15 after 1.2 s (1.1 s before); one from 20 back to 5.1 reads under 7.1 after 1.8 s,
 as before; 20 a second begun 3 or 6 s after 20 s of 10 a second reads 15 after 0.7 and 0.6 s
 (0.6 s before).
