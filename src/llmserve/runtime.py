@@ -96,7 +96,8 @@ class EngineRuntime:
     async def probe(self) -> bool:
         """Readiness: the engine generated a token within the last `readiness_probe_ttl_s`.
 
-        Concurrent callers share one probe; a probe that fails or times out means not ready."""
+        Concurrent callers share one probe; a probe that fails or times out means not ready, and
+        so does one that succeeds after a drain began while it ran."""
         if not self.is_ready:
             return False
         server = self._config.server
@@ -104,7 +105,7 @@ class EngineRuntime:
             return True
         if self._probe is None or self._probe.done():
             self._probe = asyncio.create_task(self._run_probe(self.engine()))
-        return await asyncio.shield(self._probe)
+        return await asyncio.shield(self._probe) and self.is_ready
 
     async def _run_probe(self, engine: EngineClient) -> bool:
         started = time.monotonic()

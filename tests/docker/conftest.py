@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -43,6 +44,19 @@ class Container:
     def logs(self) -> str:
         result = docker("logs", self.name, check=False)
         return result.stdout + result.stderr
+
+    def logged_at(self, text: str) -> float | None:
+        """When (epoch seconds, by Docker's clock for the line) the container first logged `text`."""
+        logs = docker("logs", "--timestamps", self.name, check=False)
+        for line in (logs.stderr + logs.stdout).splitlines():
+            stamp, _, message = line.partition(" ")
+            if text in message:
+                # RFC 3339 with up to nanoseconds and a Z; Python 3.11 parses microseconds.
+                seconds, _, fraction = stamp.rstrip("Z").partition(".")
+                return datetime.fromisoformat(seconds).replace(tzinfo=UTC).timestamp() + float(
+                    f"0.{fraction or 0}"
+                )
+        return None
 
     def exec(self, *command: str) -> str:
         return docker("exec", self.name, *command).stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi.testclient import TestClient
@@ -93,6 +94,21 @@ def test_an_engine_that_stops_generating_is_not_ready() -> None:
         engine.token_delay_s = 1.0
         assert client.get("/ready").status_code == 503
         assert client.get("/health").status_code == 200, "slow is not dead (yet)"
+
+
+def test_a_probe_still_generating_when_the_drain_begins_answers_503() -> None:
+    from tests.unit.conftest import make_client
+
+    engine = FakeEngine()
+    with make_client(parse_overrides(["server.readiness_probe_ttl_s=0"]), engine=engine) as client:
+        engine.token_delay_s = 0.5
+        probes_before = engine.started.count("llmserve-warmup")
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(client.get, "/ready")
+            while engine.started.count("llmserve-warmup") == probes_before:
+                time.sleep(0.01)
+            client.portal.call(client.app.state.runtime.begin_drain, 5.0)  # type: ignore[attr-defined, union-attr]
+            assert answer.result(timeout=10).status_code == 503
 
 
 def test_an_engine_that_dies_ends_the_process_with_exit_code_1() -> None:
