@@ -17,6 +17,8 @@ from fastapi.routing import APIRoute
 
 from llmserve.app import create_app
 from llmserve.config import load_config
+from llmserve.engine.vllm_engine import ENGINE_STOP_TIMEOUT_S
+from llmserve.server_group import EXIT_GRACE_S
 from tests.fake_engine import FakeEngine, fake_starter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,7 +172,8 @@ def test_every_llmserve_env_var_is_a_config_key_and_the_rest_are_known(
             load_config()  # unknown LLMSERVE_* keys are a ConfigError
 
 
-def test_termination_grace_covers_pre_stop_and_the_drain() -> None:
+def test_termination_grace_covers_pre_stop_the_drain_and_the_engines_stop() -> None:
+    engine_stop_s = max(ENGINE_STOP_TIMEOUT_S, EXIT_GRACE_S)
     for where, template, container in serving_containers():
         env = env_of(container)
         args = " ".join(container.get("args", []))
@@ -181,10 +184,10 @@ def test_termination_grace_covers_pre_stop_and_the_drain() -> None:
         assert drain_s == load_config(profile).server.shutdown_timeout_s, f"{where}: env and profile disagree"
         pre_stop_s = container["lifecycle"]["preStop"]["sleep"]["seconds"]
         grace = template["spec"]["terminationGracePeriodSeconds"]
-        assert grace >= pre_stop_s + drain_s + 5, where
+        assert grace >= pre_stop_s + drain_s + engine_stop_s, where
     for name in ("llmserve", "llmserve-gpu"):
         grace = int(compose()["services"][name]["stop_grace_period"].removesuffix("s"))
-        assert grace > load_config().server.shutdown_timeout_s
+        assert grace >= load_config().server.shutdown_timeout_s + engine_stop_s
 
 
 def test_images_run_profiles_that_exist_and_fit_what_the_manifests_reserve() -> None:

@@ -41,6 +41,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+# How long vLLM's engine core gets to stop before it is killed. vLLM's default, 5 s, is also how
+# long the engine core itself waits for its worker (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS), so on a
+# slow host the engine core was killed while its worker was still exiting, and the interpreter's
+# resource tracker found their shared memory and semaphore to clean up. This covers the engine
+# core's whole sequence: 5 s for the worker, then SIGTERM and 4 s, then SIGKILL.
+ENGINE_STOP_TIMEOUT_S = 15.0
 
 
 def engine_arguments(config: EngineConfig, served_model_name: str) -> dict[str, Any]:
@@ -321,7 +327,7 @@ async def run_async_llm(
             yield engine
         finally:
             engine.release()
-            llm.shutdown()
+            llm.shutdown(timeout=ENGINE_STOP_TIMEOUT_S)
             # AsyncLLM.__del__ shuts down again; let it run now rather than at interpreter exit,
             # when the modules it calls are already torn down.
             del llm
