@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -67,43 +68,81 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @contextmanager
+def running_servers(
+    tmp_path_factory: pytest.TempPathFactory,
+    servers: Mapping[str, Sequence[str]],
+    ended_by_tests: Collection[str] = (),
+) -> Iterator[dict[str, ServerProcess]]:
+    """Servers (name: command-line arguments) started side by side, all ready before the context
+    begins, and stopped side by side when it ends. A start-up is mostly one process after another
+    importing vLLM (the server, its engine core, its worker), one core at a time, so on two cores
+    two servers started together are ready about as soon as one. Those not in `ended_by_tests`
+    must end on SIGTERM with exit code 0, leave no process behind and log no traceback; tests end
+    the others as they see fit."""
+    started: dict[str, ServerProcess] = {}
+    try:
+        for name, args in servers.items():
+            started[name] = start_server(Path(tmp_path_factory.mktemp(name)) / "server.log", *args)
+        for name, process in started.items():
+            ready_after = process.wait_ready(READY_TIMEOUT_S)
+            print(f"\nllmserve ({name}) ready after {ready_after:.1f} s (log: {process.log_path})")
+        yield started
+    finally:
+        with ThreadPoolExecutor(max(1, len(started))) as pool:
+            codes = dict(zip(started, pool.map(ServerProcess.stop, started.values()), strict=True))
+        for name, process in started.items():
+            if name in ended_by_tests:
+                continue
+            print(f"\nllmserve ({name}) exited with {codes[name]}")
+            assert codes[name] == 0, f"a graceful SIGTERM must end in exit code 0:\n{process.log()[-3000:]}"
+            assert process.left_behind == [], "every process the server started ends with it"
+            assert process.log_problems() == [], "a clean stop logs no traceback"
+
+
+def users_in_module(request: pytest.FixtureRequest, fixture: str) -> int:
+    """How many tests of the requesting module, collected in this session, use `fixture`."""
+    return sum(
+        isinstance(item, pytest.Function) and item.module is request.module and fixture in item.fixturenames
+        for item in request.session.items
+    )
+
+
+@contextmanager
 def running_server(
     tmp_path_factory: pytest.TempPathFactory, name: str, *args: str
 ) -> Iterator[ServerProcess]:
     """A server for as long as the context lasts; a graceful SIGTERM ends it with exit code 0."""
-    log_path = Path(tmp_path_factory.mktemp(name)) / "server.log"
-    process = start_server(log_path, *args)
-    try:
-        ready_after = process.wait_ready(READY_TIMEOUT_S)
-        print(f"\nllmserve ({name}) ready after {ready_after:.1f} s (log: {log_path})")
-        yield process
-    finally:
-        code = process.stop()
-        print(f"\nllmserve ({name}) exited with {code}")
-        assert code == 0, f"a graceful SIGTERM must end in exit code 0:\n{process.log()[-3000:]}"
-        assert process.left_behind == [], "every process the server started ends with it"
-        assert process.log_problems() == [], "a clean stop logs no traceback"
+    with running_servers(tmp_path_factory, {name: args}) as servers:
+        yield servers[name]
+
+
+FP32_ARGS = ("--set", "engine.dtype=float32", "--set", "engine.kv_cache_memory_gib=0.5")
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    dtype = session_dtype()
-    args = ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={dtype}")
-    with running_server(tmp_path_factory, f"server-{dtype}", *args) as process:
-        yield process
-
-
-@pytest.fixture(scope="session")
-def fp32_server(
+def session_servers(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+) -> Iterator[dict[str, ServerProcess]]:
+    """The session's server, and beside it the float32 one when that is another and a test
+    collected in this session uses it."""
+    dtype = session_dtype()
+    servers = {f"server-{dtype}": ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={dtype}")}
+    users = (item for item in request.session.items if isinstance(item, pytest.Function))
+    if dtype != "float32" and any("fp32_server" in item.fixturenames for item in users):
+        servers["server-float32"] = FP32_ARGS
+    with running_servers(tmp_path_factory, servers) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def server(session_servers: dict[str, ServerProcess]) -> ServerProcess:
+    return session_servers[f"server-{session_dtype()}"]
+
+
+@pytest.fixture(scope="session")
+def fp32_server(session_servers: dict[str, ServerProcess]) -> ServerProcess:
     """A float32 server, for tests that assert two generations are identical."""
-    if session_dtype() == "float32":
-        yield request.getfixturevalue("server")
-        return
-    args = ("--set", "engine.dtype=float32", "--set", "engine.kv_cache_memory_gib=0.5")
-    with running_server(tmp_path_factory, "server-float32", *args) as process:
-        yield process
+    return session_servers["server-float32"]
 
 
 def openai_client(server: ServerProcess) -> openai.OpenAI:

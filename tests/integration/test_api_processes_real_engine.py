@@ -16,14 +16,13 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from loadtest.server_process import ServerProcess, start_server
+from loadtest.server_process import ServerProcess, still_running
 
-from tests.integration.conftest import READY_TIMEOUT_S, running_server, session_dtype
+from tests.integration.conftest import READY_TIMEOUT_S, running_servers, session_dtype, users_in_module
 
 MODEL = "SmolLM2-135M-Instruct-simulated-H200"
 KEYS = ("sk-metrics", "sk-admission", "sk-rate-limited")
@@ -33,19 +32,39 @@ GROUP_ARGS = ("--config", "configs/sim-h200-smollm2.yaml", "--set", "server.api_
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def groups(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ServerProcess]]:
+    """The module's groups, started together: one shared by the tests (keys and limits on) and
+    one for each test that kills a process of its own."""
     keys = "[" + ",".join(f'"{key}"' for key in KEYS) + "]"
-    args = (*GROUP_ARGS, "--set", f"engine.dtype={session_dtype()}",
-            "--set", f"auth.api_keys={keys}", "--set", f"auth.requests_per_minute={REQUESTS_PER_MINUTE}",
-            "--set", f"admission.max_in_flight={MAX_IN_FLIGHT}")  # fmt: skip
-    with running_server(tmp_path_factory, "api-processes", *args) as process:
+    plain = (*GROUP_ARGS, "--set", f"engine.dtype={session_dtype()}")
+    shared = (*plain, "--set", f"auth.api_keys={keys}",
+              "--set", f"auth.requests_per_minute={REQUESTS_PER_MINUTE}",
+              "--set", f"admission.max_in_flight={MAX_IN_FLIGHT}")  # fmt: skip
+    doomed = [f"doomed-group-{index}" for index in range(users_in_module(request, "doomed_group"))]
+    with running_servers(
+        tmp_path_factory, {"api-processes": shared, **dict.fromkeys(doomed, plain)}, ended_by_tests=doomed
+    ) as started:
         # /ready answers from whichever process accepts first; the other may still be connecting
         # to the engine core (it takes no connection until it listens).
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while process.log().count("llmserve ready on") < 2:
-            assert time.monotonic() < deadline, "the second API process never became ready"
-            time.sleep(0.2)
-        yield process
+        for process in started.values():
+            while process.log().count("llmserve ready on") < 2:
+                assert time.monotonic() < deadline, "the second API process never became ready"
+                time.sleep(0.2)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def group(groups: dict[str, ServerProcess]) -> ServerProcess:
+    return groups["api-processes"]
+
+
+@pytest.fixture
+def doomed_group(groups: dict[str, ServerProcess]) -> ServerProcess:
+    """A group of its own that the test kills a process of (the module stops what is left)."""
+    return groups.pop(next(name for name in groups if name.startswith("doomed-group")))
 
 
 def complete(server: ServerProcess, key: str, max_tokens: int = 4) -> httpx.Response:
@@ -117,23 +136,20 @@ def test_a_keys_rate_limit_holds_for_the_group(group: ServerProcess) -> None:
 
 
 @pytest.mark.parametrize("victim", ["an API process", "the engine core"])
-def test_a_dead_process_stops_the_group_with_a_non_zero_exit(tmp_path: Path, victim: str) -> None:
-    server = start_server(tmp_path / "server.log", *GROUP_ARGS, "--set", f"engine.dtype={session_dtype()}")
-    try:
-        server.wait_ready(READY_TIMEOUT_S)
-        children = server.processes()[1:]
-        engine = [p for p in children if p.name().startswith("VLLM::EngineCor")]
-        serving = [p for p in children if p not in engine and _listens_on(p, server.port)]
-        assert len(engine) == 1, [p.name() for p in children]
-        assert len(serving) == 2, [p.name() for p in children]
-        target = serving[0] if victim == "an API process" else engine[0]
-        os.kill(target.pid, signal.SIGKILL)
-        code = server.process.wait(timeout=60)
-    finally:
-        server.stop()
-    assert code == 1, server.log()[-3000:]
-    assert "stopping the group" in server.log()
-    assert server.left_behind == []
+def test_a_dead_process_stops_the_group_with_a_non_zero_exit(
+    doomed_group: ServerProcess, victim: str
+) -> None:
+    children = doomed_group.processes()[1:]
+    engine = [p for p in children if p.name().startswith("VLLM::EngineCor")]
+    serving = [p for p in children if p not in engine and _listens_on(p, doomed_group.port)]
+    assert len(engine) == 1, [p.name() for p in children]
+    assert len(serving) == 2, [p.name() for p in children]
+    target = serving[0] if victim == "an API process" else engine[0]
+    os.kill(target.pid, signal.SIGKILL)
+    code = doomed_group.process.wait(timeout=60)
+    assert code == 1, doomed_group.log()[-3000:]
+    assert "stopping the group" in doomed_group.log()
+    assert still_running(children, timeout_s=10) == [], "every process of the group ends with it"
 
 
 def _listens_on(process: psutil.Process, port: int) -> bool:

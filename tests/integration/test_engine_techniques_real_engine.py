@@ -14,7 +14,7 @@ import httpx
 import pytest
 from loadtest.server_process import ServerProcess
 
-from tests.integration.conftest import MODEL, running_server
+from tests.integration.conftest import MODEL, running_servers
 
 REPO = Path(__file__).resolve().parents[2]
 # ngram with its batch-size schedule, and suffix decoding.
@@ -31,15 +31,19 @@ PROMPTS = [
 CHAT = [{"role": "user", "content": "Say the word 'hello' five times, separated by commas."}]
 
 
-@pytest.fixture(scope="module", params=SPEC_PROFILES, ids=lambda profile: Path(profile).stem)
-def spec_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module")
+def spec_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
     """Each speculative profile, in float32, where greedy output is the same whatever the batch
     (speculation verifies several tokens in one step; in bfloat16 that alone can flip near-ties)."""
-    args = ("--config", request.param, "--set", "engine.dtype=float32")
-    with running_server(tmp_path_factory, Path(request.param).stem, *args) as process:
-        yield process
+    float32 = ("--set", "engine.dtype=float32")
+    servers = {Path(profile).stem: ("--config", profile, *float32) for profile in SPEC_PROFILES}
+    with running_servers(tmp_path_factory, servers) as started:
+        yield started
+
+
+@pytest.fixture(params=[Path(profile).stem for profile in SPEC_PROFILES])
+def spec_server(request: pytest.FixtureRequest, spec_servers: dict[str, ServerProcess]) -> ServerProcess:
+    return spec_servers[request.param]
 
 
 def greedy_completion(server: ServerProcess, prompt: str) -> str:

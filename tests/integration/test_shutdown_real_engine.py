@@ -10,33 +10,33 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from loadtest.server_process import ServerProcess, start_server, still_running
+from loadtest.server_process import ServerProcess, still_running
 
-from tests.integration.conftest import MODEL, READY_TIMEOUT_S, eventually
+from tests.integration.conftest import MODEL, eventually, running_servers, users_in_module
 from tests.streams import StreamReader
 
 SHUTDOWN_TIMEOUT_S = 6
 LONG = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 
 
+@pytest.fixture(scope="module")
+def fresh_servers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[ServerProcess]]:
+    """A server for each test of this module that ends one, all started together."""
+    args = ("--set", f"server.shutdown_timeout_s={SHUTDOWN_TIMEOUT_S}",
+            "--set", "engine.kv_cache_memory_gib=0.5")  # fmt: skip
+    names = [f"fresh-{index}" for index in range(users_in_module(request, "fresh_server"))]
+    with running_servers(tmp_path_factory, dict.fromkeys(names, args), ended_by_tests=names) as started:
+        yield list(started.values())
+
+
 @pytest.fixture
-def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server this test ends itself (the fixture only cleans up after a failed test)."""
-    process = start_server(
-        tmp_path / "server.log",
-        "--set",
-        f"server.shutdown_timeout_s={SHUTDOWN_TIMEOUT_S}",
-        "--set",
-        "engine.kv_cache_memory_gib=0.5",
-    )
-    try:
-        process.wait_ready(READY_TIMEOUT_S)
-        yield process
-    finally:
-        process.stop()
+def fresh_server(fresh_servers: list[ServerProcess]) -> ServerProcess:
+    """A server this test ends itself (the module stops what a failed test left running)."""
+    return fresh_servers.pop()
 
 
 def test_sigterm_to_the_whole_process_group_while_busy_drains_and_leaves_nothing(

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from loadtest.server_process import ServerProcess
 
-from tests.integration.conftest import MODEL, eventually, running_server, session_dtype
+from tests.integration.conftest import MODEL, eventually, running_servers, session_dtype
 
 # vLLM's own counters of what its scheduler and KV cache manager did.
 ENGINE_COUNTERS = (
@@ -33,11 +33,25 @@ ENGINE_COUNTERS = (
 
 
 @pytest.fixture(scope="module")
-def simulated_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    args = ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={session_dtype()}",
-            "--set", "engine.simulated_gpu.gpu=H200")  # fmt: skip
-    with running_server(tmp_path_factory, "simulated-h200", *args) as process:
-        yield process
+def simulated_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    simulated = ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={session_dtype()}",
+                 "--set", "engine.simulated_gpu.gpu=H200")  # fmt: skip
+    servers = {
+        "simulated-h200": simulated,
+        "simulated-h200-stream-interval": (*simulated, "--set", "engine.stream_interval=4"),
+    }
+    with running_servers(tmp_path_factory, servers) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def simulated_server(simulated_servers: dict[str, ServerProcess]) -> ServerProcess:
+    return simulated_servers["simulated-h200"]
+
+
+@pytest.fixture(scope="module")
+def coarse_stream_server(simulated_servers: dict[str, ServerProcess]) -> ServerProcess:
+    return simulated_servers["simulated-h200-stream-interval"]
 
 
 def workload() -> list[tuple[str, dict[str, Any]]]:
@@ -115,14 +129,6 @@ def test_the_simulated_server_says_it_is_a_simulation_and_its_text_is_not_the_mo
     assert simulated["choices"][0]["text"] != real["choices"][0]["text"]
     assert "SIMULATED GPU (NVIDIA H200 SXM)" in simulated_server.log()
     assert "SIMULATED GPU" not in server.log()
-
-
-@pytest.fixture(scope="module")
-def coarse_stream_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    args = ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={session_dtype()}",
-            "--set", "engine.simulated_gpu.gpu=H200", "--set", "engine.stream_interval=4")  # fmt: skip
-    with running_server(tmp_path_factory, "simulated-h200-stream-interval", *args) as process:
-        yield process
 
 
 def test_with_a_stream_interval_a_stream_gets_its_tokens_in_fewer_larger_deltas(
