@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from llmserve import server_group
 from llmserve.server_group import Supervisor
 
 
-def deaf_api_process() -> None:
+def deaf_api_process(deaf: Event) -> None:
     """An API process that does not stop on SIGTERM, as one stuck in its start-up did."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deaf.set()
     time.sleep(600)
 
 
@@ -30,11 +32,13 @@ def test_when_the_engine_core_dies_an_api_process_that_will_not_stop_is_killed(
 ) -> None:
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # the group's metrics files
     context = multiprocessing.get_context("spawn")
-    api = context.Process(target=deaf_api_process, daemon=True)
+    deaf = context.Event()
+    api = context.Process(target=deaf_api_process, args=(deaf,), daemon=True)
     engine = context.Process(target=dead_engine_core, daemon=True)
     api.start()
     engine.start()
-    time.sleep(1.0)  # the API process has set its SIGTERM handler
+    # A spawned process imports this module first: on a busy host that took over a second.
+    assert deaf.wait(timeout=60), "the API process never ignored SIGTERM"
     started = time.monotonic()
     code = Supervisor().watch([api], [engine], stop_within_s=300)
     took = time.monotonic() - started
