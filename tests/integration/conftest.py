@@ -99,12 +99,15 @@ def running_servers(
             assert process.log_problems() == [], "a clean stop logs no traceback"
 
 
+def collected_users(request: pytest.FixtureRequest, fixture: str) -> list[pytest.Function]:
+    """The tests collected in this session that use `fixture`."""
+    items = request.session.items
+    return [item for item in items if isinstance(item, pytest.Function) and fixture in item.fixturenames]
+
+
 def users_in_module(request: pytest.FixtureRequest, fixture: str) -> int:
     """How many tests of the requesting module, collected in this session, use `fixture`."""
-    return sum(
-        isinstance(item, pytest.Function) and item.module is request.module and fixture in item.fixturenames
-        for item in request.session.items
-    )
+    return sum(item.module is request.module for item in collected_users(request, fixture))
 
 
 @contextmanager
@@ -127,8 +130,7 @@ def session_servers(
     collected in this session uses it."""
     dtype = session_dtype()
     servers = {f"server-{dtype}": ("--config", "configs/cpu-smollm2.yaml", "--set", f"engine.dtype={dtype}")}
-    users = (item for item in request.session.items if isinstance(item, pytest.Function))
-    if dtype != "float32" and any("fp32_server" in item.fixturenames for item in users):
+    if dtype != "float32" and collected_users(request, "fp32_server"):
         servers["server-float32"] = FP32_ARGS
     with running_servers(tmp_path_factory, servers) as started:
         yield started
