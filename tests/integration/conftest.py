@@ -72,17 +72,19 @@ def running_servers(
     tmp_path_factory: pytest.TempPathFactory,
     servers: Mapping[str, Sequence[str]],
     ended_by_tests: Collection[str] = (),
+    env: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[dict[str, ServerProcess]]:
     """Servers (name: command-line arguments) started side by side, all ready before the context
     begins, and stopped side by side when it ends. A start-up is mostly one process after another
     importing vLLM (the server, its engine core, its worker), one core at a time, so on two cores
     two servers started together are ready about as soon as one. Those not in `ended_by_tests`
     must end on SIGTERM with exit code 0, leave no process behind and log no traceback; tests end
-    the others as they see fit."""
+    the others as they see fit. `env`: by name, variables a server has beside this process's."""
     started: dict[str, ServerProcess] = {}
     try:
         for name, args in servers.items():
-            started[name] = start_server(Path(tmp_path_factory.mktemp(name)) / "server.log", *args)
+            log = Path(tmp_path_factory.mktemp(name)) / "server.log"
+            started[name] = start_server(log, *args, env=dict((env or {}).get(name, {})))
         for name, process in started.items():
             ready_after = process.wait_ready(READY_TIMEOUT_S)
             print(f"\nllmserve ({name}) ready after {ready_after:.1f} s (log: {process.log_path})")

@@ -6,13 +6,12 @@ import json
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from loadtest.server_process import ServerProcess, start_server
+from loadtest.server_process import ServerProcess
 
-from tests.integration.conftest import MODEL, READY_TIMEOUT_S, eventually
+from tests.integration.conftest import MODEL, eventually, running_servers
 from tests.integration.test_metrics_real_engine import wait_idle
 from tests.streams import StreamReader
 
@@ -47,18 +46,11 @@ KEYS = {"rate": "sk-rate-limited", "drain": "sk-drain"}
 @pytest.fixture(scope="module")
 def drain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server of its own, with API keys and per-key limits on; the drain test ends its life."""
-    log = Path(tmp_path_factory.mktemp("drain")) / "server.log"
     limits = ["server.shutdown_timeout_s=15", "auth.requests_per_minute=6", "auth.tokens_per_minute=1600"]
-    process = start_server(
-        log,
-        *[arg for limit in limits for arg in ("--set", limit)],
-        env={"LLMSERVE_AUTH__API_KEYS": json.dumps(list(KEYS.values()))},
-    )
-    try:
-        process.wait_ready(READY_TIMEOUT_S)
-        yield process
-    finally:
-        process.stop()
+    args = [arg for limit in limits for arg in ("--set", limit)]
+    env = {"drain": {"LLMSERVE_AUTH__API_KEYS": json.dumps(list(KEYS.values()))}}
+    with running_servers(tmp_path_factory, {"drain": args}, ended_by_tests={"drain"}, env=env) as servers:
+        yield servers["drain"]
 
 
 def test_api_keys_and_per_key_token_and_request_limits(drain_server: ServerProcess) -> None:

@@ -9,15 +9,14 @@ import signal
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 from loadtest.prom import bucket_deltas, histogram_quantile
-from loadtest.server_process import ServerProcess, start_server, still_running
+from loadtest.server_process import ServerProcess, still_running
 
-from tests.integration.conftest import MODEL, READY_TIMEOUT_S
+from tests.integration.conftest import MODEL, running_servers
 from tests.integration.robustness import LEDGER
 
 QUEUE_TIMEOUT_S = 9  # the queue-wait histogram has an edge at 10 s
@@ -31,14 +30,9 @@ LIMITS = [
 @pytest.fixture(scope="module")
 def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server of its own, with room for 4 running and 4 waiting requests; the last test kills its engine."""
-    log = Path(tmp_path_factory.mktemp("limited")) / "server.log"
     args = [arg for limit in LIMITS for arg in ("--set", limit)]
-    process = start_server(log, *args)
-    try:
-        process.wait_ready(READY_TIMEOUT_S)
-        yield process
-    finally:
-        process.stop()
+    with running_servers(tmp_path_factory, {"limited": args}, ended_by_tests={"limited"}) as servers:
+        yield servers["limited"]
 
 
 def test_overload_gets_fast_429s_while_admitted_requests_succeed_within_the_deadline(
