@@ -76,6 +76,7 @@ class Row:
     refusal_p99_server_ms: float | None
     arrival_refusal_p99_server_ms: float | None  # those refused at arrival, not after waiting
     refused_after_waiting: int | None  # llmserve's count of slow refusals (queued, then refused)
+    refused_by_front_end: int | None  # llmserve's count of refusals for its event loop's lag
     # llmserve's queued requests: what they took over what admission predicted, at the median
     queued_prediction_p50: float | None = None
     false_refusals: int | None = None
@@ -182,10 +183,10 @@ def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float 
     return quantile_between(before, after, 0.5, "llmserve_admission_e2e_prediction_ratio", decision="queued")
 
 
-def refused_after_waiting(before: Scrape | None, after: Scrape | None) -> int | None:
+def rejections(before: Scrape | None, after: Scrape | None, reason: str) -> int | None:
+    """llmserve's count of refusals for `reason` between the scrapes (None: not llmserve)."""
     if before is None or after is None or not after.has("llmserve_requests_total"):
         return None
-    reason = "overloaded_after_waiting"
     return round(delta(after, before, "llmserve_rejections_total", reason=reason))
 
 
@@ -218,7 +219,8 @@ def row(
         refusal_p99_client_ms=percentile(refused, 99),
         refusal_p99_server_ms=refusal_p99_server_ms(before, after),
         arrival_refusal_p99_server_ms=refusal_p99_server_ms(before, after, when="at_arrival"),
-        refused_after_waiting=refused_after_waiting(before, after),
+        refused_after_waiting=rejections(before, after, "overloaded_after_waiting"),
+        refused_by_front_end=rejections(before, after, "front_end_overloaded"),
         queued_prediction_p50=queued_prediction_p50(before, after),
     )
 
@@ -330,8 +332,9 @@ def table(rows: list[Row]) -> str:
     lines = [
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
-        "429 at arrival p99 server ms | 429 after waiting | false 429 | queued: took / predicted p50 |",
-        "| --- | --- " + "| ---: " * 16 + "|",
+        "429 at arrival p99 server ms | 429 after waiting | 429 front end | false 429 | "
+        "queued: took / predicted p50 |",
+        "| --- | --- " + "| ---: " * 17 + "|",
     ]
     for r in rows:
         server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
@@ -339,13 +342,14 @@ def table(rows: list[Row]) -> str:
         arrival_ms = "n/a" if arrival is None else f"{arrival:.1f}"
         false = "n/a" if r.false_refusals is None else str(r.false_refusals)
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
+        front = "n/a" if r.refused_by_front_end is None else str(r.refused_by_front_end)
         ratio = "n/a" if r.queued_prediction_p50 is None else f"{r.queued_prediction_p50:.2f}"
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "
             f"{r.failed} | {r.goodput_rps:.2f} | {r.throughput_rps:.2f} | {r.admitted_p50_s:.2f} | "
             f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | "
-            f"{arrival_ms} | {slow} | {false} | {ratio} |"
+            f"{arrival_ms} | {slow} | {front} | {false} | {ratio} |"
         )
     return "\n".join(lines)
 

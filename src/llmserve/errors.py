@@ -176,6 +176,16 @@ class OverloadedError(ServingError):
             self.rejection = "overloaded_after_waiting"
 
 
+class FrontEndOverloadedError(OverloadedError):
+    """429 because the API process itself runs behind (its event loop), not the engine: counted
+    apart, since the remedy differs (more API processes, not a larger engine)."""
+
+    rejection = "front_end_overloaded"
+
+    def __init__(self, lag_s: float) -> None:
+        super().__init__(f"The server is overloaded: its front end runs {lag_s * 1000:.0f} ms behind.", 1)
+
+
 # 5xx: the server and its engine
 
 

@@ -65,6 +65,7 @@ REJECTION_REASONS = (
     "rate_limited",
     "overloaded",
     AFTER_WAITING,
+    "front_end_overloaded",
     "draining",
     "too_large",
     "timeout",

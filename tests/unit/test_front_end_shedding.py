@@ -41,6 +41,7 @@ def test_admission_refuses_at_the_door_past_a_tenth_of_the_e2e_target_by_default
         refusal = admission.front_end_refusal()
         assert isinstance(refusal, OverloadedError)
         assert refusal.retry_after_s == 1
+        assert refusal.rejection == "front_end_overloaded"  # counted apart from the engine's
         with pytest.raises(OverloadedError, match="front end runs 21 ms behind"):
             admission.check(admission.ticket(1, 10, 10))
         # Without an e2e target (and no max_loop_lag_s) lag never refuses; an explicit one does.

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmserve.config import AdmissionConfig, SloConfig
-from llmserve.errors import OverloadedError
+from llmserve.errors import FrontEndOverloadedError, OverloadedError
 from llmserve.policy.arrival_rate import ArrivalRate
 from llmserve.policy.fair_queue import FairQueue
 from llmserve.policy.headroom import Headroom
@@ -194,7 +194,7 @@ class Admission:
             self.model.typical.observe(prompt_tokens, ticket.expected_tokens)
         return ticket
 
-    def front_end_refusal(self) -> OverloadedError | None:
+    def front_end_refusal(self) -> FrontEndOverloadedError | None:
         """While this API process's event loop runs too far behind (it is itself saturated), the
         refusal for any new request; else None. Call from the event loop."""
         if not self.config.enabled or self._max_loop_lag_s is None:
@@ -202,10 +202,7 @@ class Admission:
         self.loop_lag.watch(asyncio.get_running_loop())
         if self.loop_lag.lag_s <= self._max_loop_lag_s:
             return None
-        return OverloadedError(
-            f"The server is overloaded: its front end runs {self.loop_lag.lag_s * 1000:.0f} ms behind.",
-            retry_after_s=1,
-        )
+        return FrontEndOverloadedError(self.loop_lag.lag_s)
 
     def check(self, ticket: Ticket) -> None:
         """Refuse at once what cannot be served in time (429 with Retry-After)."""
