@@ -20,6 +20,7 @@ from llmserve.config import AdmissionConfig, SloConfig, load_config, parse_overr
 from llmserve.engine.base import SamplingSpec, TokenizedPrompt
 from llmserve.errors import OverloadedError
 from llmserve.policy.admission import Admission, Ticket
+from llmserve.policy.headroom import START_SHARE
 from llmserve.policy.permits import Cost
 from llmserve.policy.service_model import ServiceModel
 from llmserve.serving.generation import PlannedPrompt, cost_of
@@ -188,7 +189,7 @@ async def test_the_door_plans_a_request_with_its_own_arrival_counted_as_the_queu
     assert refusal.value.rejection == "overloaded"  # at the door, not after waiting
     assert "would not finish within its latency target" in str(refusal.value)
     assert queue.headroom.missed == 0
-    assert queue.headroom.share == pytest.approx(0.8)
+    assert queue.headroom.share == pytest.approx(START_SHARE)
     assert queue.planned_batch() == 6  # the refused request is not counted as arriving
     queue.release(running, completed=True)
 
@@ -494,11 +495,11 @@ async def test_the_headroom_decides_how_long_a_wait_the_queue_takes_on() -> None
     clock = FakeClock()
     queue = admission(clock, max_in_flight=1, max_waiting=10, queue_timeout_s=4.0)
     await run(queue, max_tokens=30)  # 3.3 s to go
+    queue.check(queue.ticket(1, 10, 10))  # 3.3 s <= 4 s: until a miss it may wait its whole budget
+    queue.headroom.share = 0.8  # after queued requests missed their targets
     with pytest.raises(OverloadedError, match=r"wait about 3\.3 s") as refused:
         queue.check(queue.ticket(1, 10, 10))  # 3.3 s > 0.8 x 4 s
     assert refused.value.rejection == "overloaded"
-    queue.headroom.share = 1.0  # after many queued requests met their targets
-    queue.check(queue.ticket(1, 10, 10))  # 3.3 s <= 4 s: it may wait
 
 
 @settings(max_examples=200, deadline=None)

@@ -8,14 +8,16 @@ import pytest
 from llmserve.policy.headroom import IDLE_S, MET_GAIN, MISS_COST, RELAX_S, SHARE_BOUNDS, START_SHARE, Headroom
 
 
-def test_it_starts_cautious_and_moves_up_a_little_per_met_target_and_down_a_lot_per_miss() -> None:
+def test_it_starts_at_the_whole_budget_and_moves_down_a_lot_per_miss_up_a_little_per_met_target() -> None:
     headroom = Headroom()
-    assert headroom.share == START_SHARE
+    assert headroom.share == START_SHARE == SHARE_BOUNDS[1]
     headroom.observe(met_target=True)
-    assert headroom.share == pytest.approx(START_SHARE + MET_GAIN)
+    assert headroom.share == SHARE_BOUNDS[1]  # never more than the whole budget
     headroom.observe(met_target=False)
-    assert headroom.share == pytest.approx(START_SHARE + MET_GAIN - MISS_COST)
-    assert (headroom.met, headroom.missed) == (1, 1)
+    assert headroom.share == pytest.approx(START_SHARE - MISS_COST)
+    headroom.observe(met_target=True)
+    assert headroom.share == pytest.approx(START_SHARE - MISS_COST + MET_GAIN)
+    assert (headroom.met, headroom.missed) == (2, 1)
 
 
 def test_it_never_promises_more_than_the_whole_budget_nor_less_than_its_floor() -> None:
@@ -44,7 +46,7 @@ def test_one_miss_in_a_hundred_holds_it_steady_more_lowers_it_fewer_raise_it() -
 def test_what_outcomes_taught_fades_when_none_come_so_a_burst_after_quiet_is_judged_afresh() -> None:
     now = [0.0]
     headroom = Headroom(clock=lambda: now[0])
-    for _ in range(3):
+    for _ in range(4):
         headroom.observe(met_target=False)  # an overload long past
     assert headroom.share == SHARE_BOUNDS[0]
     now[0] += IDLE_S  # a pause between requests changes nothing

@@ -191,12 +191,12 @@ async def test_a_request_whose_max_tokens_cannot_be_served_in_time_is_refused_be
 
     engine.tokenize = counting_tokenize  # type: ignore[method-assign]
     # The prior service model: ~0.05 s a step. The running request keeps the one place ~1 s; a
-    # one-token request could wait that long within 2 s, one of 15 tokens could not.
+    # one-token request could wait that long within 2 s, one of 25 tokens (~1.25 s) could not.
     async with harness("slo.e2e_s=2", engine=engine) as test:
         running = test.serve(Client(), prompt="a b c", max_tokens=20)
         await eventually(lambda: test.admission.running == 1)
         with pytest.raises(OverloadedError):
-            await test.serve(Client(), prompt="never tokenized", max_tokens=15)
+            await test.serve(Client(), prompt="never tokenized", max_tokens=25)
         assert "never tokenized" not in tokenized
         await running
 
