@@ -205,6 +205,22 @@ class GatewayMetrics:
             registry=self.registry,
             multiprocess_mode="livesum",
         )
+        # One listening socket is shared by a group's API processes: each reads the same queue.
+        self.accept_queue = Gauge(
+            "llmserve_accept_queue_connections",
+            "Connections the kernel has completed that no API process has accepted yet (Linux): "
+            "requests waiting where admission cannot see them.",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
+        self.accept_backlog = Gauge(
+            "llmserve_accept_queue_limit",
+            "The listen backlog: with this many connections queued the kernel drops new ones.",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        )
         self.prompt_tokens = Counter(
             "llmserve_prompt_tokens_total",
             "Prompt tokens of generation requests that reached the engine.",
@@ -258,6 +274,11 @@ class GatewayMetrics:
         self._read(self.waiting.labels(self.model), waiting)
         for route in GENERATION_ROUTES:
             self._read(self.in_flight.labels(self.model, route), partial(in_flight, route))
+
+    def watch_accept_queue(self, read: Callable[[], tuple[int, int]]) -> None:
+        """The kernel's accept queue in front of the API processes: (queued, backlog)."""
+        self._read(self.accept_queue.labels(self.model), lambda: read()[0])
+        self._read(self.accept_backlog.labels(self.model), lambda: read()[1])
 
     def _read(self, gauge: Gauge, reader: Callable[[], float]) -> None:
         if self.multiprocess:

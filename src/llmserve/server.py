@@ -12,8 +12,10 @@ import prometheus_client
 import uvicorn
 from fastapi import FastAPI
 
+from llmserve.api.accept_queue import accept_queue, is_measurable
 from llmserve.app import create_app
 from llmserve.config import Config
+from llmserve.metrics import GatewayMetrics
 from llmserve.runtime import EngineRuntime
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,10 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    def listening_sockets(self) -> list[socket.socket]:
+        """Where it accepts connections (none before it has started)."""
+        return [sock for server in getattr(self, "servers", []) for sock in server.sockets]
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.runtime.draining or self._loop is None or not self.started:
@@ -80,6 +86,9 @@ def run_http(config: Config, app: FastAPI, sockets: list[socket.socket] | None =
         access_log=False,
     )
     server = DrainingServer(uvicorn_config, runtime, server_config.shutdown_timeout_s)
+    if is_measurable():
+        metrics: GatewayMetrics = app.state.metrics
+        metrics.watch_accept_queue(lambda: accept_queue(server.listening_sockets()))
     # uvicorn re-raises the signal it shut down for, after restoring the previous handler; with
     # this one in place a graceful SIGTERM ends in exit code 0 (1 if the engine failed).
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -103,6 +103,9 @@ def test_both_processes_serve_and_metrics_count_each_request_once(group: ServerP
     # Each process publishes its gauges every second and at the scrapes it answers: the other
     # process's reading may be up to a second old (docs/observability.md).
     assert settles_to_zero(group, "llmserve_requests_in_flight")
+    # Both processes accept on one listening socket: its backlog (uvicorn's 2048, or the
+    # kernel's somaxconn if lower) is read once, not summed over the processes.
+    assert 0 < group.metric("llmserve_accept_queue_limit") <= 2048
 
 
 def settles_to_zero(server: ServerProcess, gauge: str, within_s: float = 5.0) -> bool:

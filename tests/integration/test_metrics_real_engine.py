@@ -42,8 +42,12 @@ def test_vllm_engine_series_are_exposed_beside_the_gateway_series(server: Server
         "llmserve_requests_total",
         "llmserve_e2e_request_latency_seconds_bucket",
         "llmserve_time_to_first_token_seconds_bucket",
+        "llmserve_accept_queue_connections",
     ):
         assert name in names, name
+    # Idle, nothing waits in the kernel's accept queue; its bound is the listen backlog.
+    assert server.metric("llmserve_accept_queue_connections") == 0
+    assert server.metric("llmserve_accept_queue_limit") > 0
 
 
 def test_known_requests_give_exact_counts_that_agree_with_the_engine(
