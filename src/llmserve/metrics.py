@@ -51,6 +51,10 @@ REFUSAL_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 )  # fmt: skip
 
+# Read in the kernel's ticks (1-4 ms): nothing finer than those, and up to the seconds a client waits
+# before it gives up.
+READ_DELAY_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+
 # Actual over predicted: edges close around 1, where a few per cent decide a refusal at the SLO's edge.
 PREDICTION_RATIO_BUCKETS = (
     0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5, 2.0, 4.0,
@@ -142,6 +146,14 @@ class GatewayMetrics:
             "(end-to-end - time to first token) / (generated tokens - 1), per request.",
             labels,
             buckets=TOKEN_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.read_delay = Histogram(
+            "llmserve_request_read_delay_seconds",
+            "Time generation requests waited in the host's kernel (the accept queue, the socket's "
+            "buffer) before the API process read them; the server's other clocks start after it.",
+            labels,
+            buckets=READ_DELAY_BUCKETS_S,
             registry=self.registry,
         )
         self.queue_wait = Histogram(
@@ -316,6 +328,7 @@ class GatewayMetrics:
                 generation_tokens=self.generation_tokens.labels(*labels),
                 prompt_tokens=self.prompt_tokens.labels(*labels),
                 queue_wait=self.queue_wait.labels(*labels),
+                read_delay=self.read_delay.labels(*labels),
                 e2e_latency=self.e2e_latency.labels(*labels),
                 time_per_output_token=self.time_per_output_token.labels(*labels),
             )
@@ -330,6 +343,7 @@ class RouteSeries:
     generation_tokens: Counter
     prompt_tokens: Counter
     queue_wait: Histogram
+    read_delay: Histogram
     e2e_latency: Histogram
     time_per_output_token: Histogram
 
@@ -340,7 +354,8 @@ class RequestObservation:
 
     metrics: GatewayMetrics
     route: str
-    arrived_at: float = field(default_factory=time.perf_counter)
+    arrived_at: float = field(default_factory=time.perf_counter)  # when the server read it
+    read_delay_s: float = 0.0  # how long it waited before that (api/read_delay.py)
     first_token_at: float | None = None
     generated_tokens: int = 0
     failed: bool = False
@@ -354,6 +369,12 @@ class RequestObservation:
     @property
     def _labels(self) -> tuple[str, str]:
         return self.metrics.model, self.route
+
+    def on_read(self, delay_s: float) -> None:
+        """The request waited `delay_s` in the kernel before the server read it."""
+        self.read_delay_s = delay_s
+        if self.route in GENERATION_ROUTES:
+            self.series.read_delay.observe(delay_s)
 
     def on_admitted(self, waited_s: float) -> None:
         self.series.queue_wait.observe(waited_s)

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from llmserve.api.accept_queue import accept_queue, is_measurable
+from llmserve.api.read_delay import ReadDelayHttpToolsProtocol
 from llmserve.app import create_app
 from llmserve.config import Config
 from llmserve.metrics import GatewayMetrics
@@ -80,7 +81,7 @@ def run_http(config: Config, app: FastAPI, sockets: list[socket.socket] | None =
         port=server_config.port,
         log_level=server_config.log_level,
         loop="uvloop",
-        http="httptools",
+        http=ReadDelayHttpToolsProtocol,
         # The drain has already given requests their time; this only bounds stragglers.
         timeout_graceful_shutdown=5,
         access_log=False,

@@ -43,6 +43,7 @@ def test_vllm_engine_series_are_exposed_beside_the_gateway_series(server: Server
         "llmserve_e2e_request_latency_seconds_bucket",
         "llmserve_time_to_first_token_seconds_bucket",
         "llmserve_accept_queue_connections",
+        "llmserve_request_read_delay_seconds_bucket",
     ):
         assert name in names, name
     # Idle, nothing waits in the kernel's accept queue; its bound is the listen backlog.
@@ -102,6 +103,9 @@ def test_known_requests_give_exact_counts_that_agree_with_the_engine(
     assert d("llmserve_request_errors_total", code="model_not_found") == 1
     assert d("llmserve_request_errors_total", code="unsupported_parameter") == 1, "a role it does not take"
     assert d("llmserve_e2e_request_latency_seconds_count") == 4
+    # Every generation request, answered or not, was read: none waited long in the kernel.
+    assert d("llmserve_request_read_delay_seconds_count") == 7
+    assert d("llmserve_request_read_delay_seconds_sum") < 7 * 0.5
     assert d("llmserve_time_to_first_token_seconds_count") == 4
     assert d("llmserve_generation_tokens_total") == completion_tokens
     assert d("llmserve_prompt_tokens_total") == prompt_tokens

@@ -463,6 +463,28 @@ async def test_with_an_e2e_target_admission_keeps_running_requests_within_their_
     assert queue.running == 4
 
 
+async def test_a_requests_targets_count_the_time_it_waited_before_the_server_read_it() -> None:
+    clock = FakeClock()
+    queue = admission(clock, slo=SloConfig(e2e_s=2.0), max_in_flight=64, max_waiting=10)
+    await run(queue, max_tokens=14)  # keeps the engine busy: 1.54 s alone, 1.68 s beside another
+    # 0.2 s in the accept queue leaves 1.8 s: still time for its 1.68 s.
+    patient = await run(queue, max_tokens=14, read_delay_s=0.2)
+    assert patient.deadline_at == pytest.approx(clock.now - 0.2 + 2.0)
+    # 0.5 s there leaves 1.5 s, less than its 1.82 s beside the two: refused at once, and told why.
+    with pytest.raises(OverloadedError, match=r"waited 0\.50 s before the server could read it"):
+        await run(queue, max_tokens=14, read_delay_s=0.5)
+    # Without that wait it would have fitted.
+    await run(queue, max_tokens=14)
+    assert queue.running == 3
+
+
+async def test_a_request_that_waited_past_its_target_before_it_was_read_is_served_by_an_idle_engine() -> None:
+    queue = admission(slo=SloConfig(e2e_s=2.0), max_in_flight=64)
+    late = await run(queue, max_tokens=14, read_delay_s=3.0)
+    assert queue.running == 1
+    assert late.admitted_at is not None
+
+
 async def test_queued_requests_that_meet_their_deadline_widen_the_queue_and_late_ones_narrow_it() -> None:
     clock = FakeClock()
     queue = admission(clock, slo=SloConfig(e2e_s=2.0), max_in_flight=2, max_waiting=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmserve.api.read_delay import READ_DELAY_KEY
 from llmserve.metrics import GatewayMetrics, RequestObservation
 
 OBSERVATION_KEY = "observation"
@@ -20,7 +21,9 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         observation = self.metrics.observation(scope["path"])
-        scope.setdefault("state", {})[OBSERVATION_KEY] = observation
+        state = scope.setdefault("state", {})
+        state[OBSERVATION_KEY] = observation
+        observation.on_read(state.get(READ_DELAY_KEY, 0.0))
         status = 500  # what the client gets if nothing below answers
 
         async def send_and_watch(message: Message) -> None:

@@ -42,6 +42,7 @@ KEPT_RUNNING_STEPS = 16  # iterations of Little's law for the batch arrivals kee
 # With a group of API processes, how often waiters look for room freed by the others.
 GROUP_POLL_S = 0.005
 MIN_WAIT_S = 0.01  # a queued request waits on only if its wait would end this much later
+NOTABLE_READ_DELAY_S = 0.01  # a request's wait before the server read it, worth telling its client
 
 
 @dataclass(eq=False)
@@ -54,7 +55,10 @@ class Ticket:
     kv_prompt_tokens: int = 0  # once per sequence: each holds its prompt in the KV cache
     key: str | None = None
     priority: int = 0
-    arrived_at: float = 0.0
+    arrived_at: float = 0.0  # when the server read it
+    # How long it waited before that (api/read_delay.py): its client's clock, and so its latency
+    # targets', started that much earlier.
+    read_delay_s: float = 0.0
     expected_tokens: int = 0
     deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
     admitted_at: float | None = None
@@ -169,9 +173,11 @@ class Admission:
         key: str | None = None,
         priority: int = 0,
         kv_prompt_tokens: int | None = None,
+        read_delay_s: float = 0.0,
     ) -> Ticket:
         """`prompt_tokens`: over its prompts, once each; `kv_prompt_tokens`: over its sequences,
-        once each (None: one prompt, which every sequence holds)."""
+        once each (None: one prompt, which every sequence holds); `read_delay_s`: how long it
+        waited before the server read it."""
         now = self._clock()
         sequences = min(sequences, self.config.max_in_flight)
         ticket = Ticket(
@@ -182,6 +188,7 @@ class Admission:
             key=key,
             priority=priority,
             arrived_at=now,
+            read_delay_s=read_delay_s,
             expected_tokens=self.model.expected_tokens(max_tokens),
         )
         target = self.slo.e2e_s
@@ -189,7 +196,7 @@ class Admission:
             target is not None
             and self.model.service_s(prompt_tokens, ticket.expected_tokens, ticket.sequences) <= target
         ):
-            ticket.deadline_at = now + target
+            ticket.deadline_at = now - read_delay_s + target
         if prompt_tokens > 0:  # not the probe before planning
             self.model.typical.observe(prompt_tokens, ticket.expected_tokens)
         return ticket
@@ -560,15 +567,17 @@ class Admission:
             budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit))
         if self.slo.ttft_s is not None:
             first_token_s = self.model.prefill_s(ticket.prompt_tokens) + self.model.step_s(limit)
-            budgets.append(ticket.arrived_at + self.slo.ttft_s - now - first_token_s)
+            budgets.append(ticket.arrived_at - ticket.read_delay_s + self.slo.ttft_s - now - first_token_s)
         if not budgets:
             budgets.append(self.config.queue_timeout_s - (now - ticket.arrived_at))
         return min(budgets)
 
     def _budget_reason(self, ticket: Ticket) -> str:
-        if ticket.deadline_at is not None or self.slo.ttft_s is not None:
+        if ticket.deadline_at is None and self.slo.ttft_s is None:
+            return "the queue deadline"
+        if ticket.read_delay_s < NOTABLE_READ_DELAY_S:
             return "its latency target"
-        return "the queue deadline"
+        return f"its latency target (it waited {ticket.read_delay_s:.2f} s before the server could read it)"
 
     def _refuse(
         self,

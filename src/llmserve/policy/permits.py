@@ -124,6 +124,7 @@ class Permit:
         deadline: Deadline,
         usage: Usage,
         priority: int,
+        read_delay_s: float = 0.0,
     ) -> None:
         self.route = route
         self.deadline = deadline
@@ -132,6 +133,7 @@ class Permit:
         self._key = key
         self._usage = usage
         self._priority = priority
+        self._read_delay_s = read_delay_s
         self._cost: Cost | None = None
         self._ticket: Ticket | None = None  # admitted
         self._waiting: Ticket | None = None  # queued by admit_now, not yet waited for
@@ -150,7 +152,9 @@ class Permit:
         (without max_tokens: one token), could not be served in time, so that a hopeless request
         costs no tokenizing. (With one token always, the check before planning refused none of a
         thousand requests refused at 3x and 4x overload: each was tokenized first.)"""
-        probe = self._admission.ticket(sequences, 0, max_tokens or 1, self._key_id, self._priority)
+        probe = self._admission.ticket(
+            sequences, 0, max_tokens or 1, self._key_id, self._priority, read_delay_s=self._read_delay_s
+        )
         self._admission.check(probe)
 
     def reserve(self, cost: Cost) -> None:
@@ -171,6 +175,7 @@ class Permit:
             self._key_id,
             self._priority,
             kv_prompt_tokens=cost.kv_prompt_tokens,
+            read_delay_s=self._read_delay_s,
         )
         if not self._admission.admit_now(ticket):
             self._waiting = ticket
@@ -276,16 +281,23 @@ class Permits:
         self._drain_at: float | None = None
 
     def issue(
-        self, route: str, key_id: str | None, timeout_s: float, usage: Usage, priority: int = 0
+        self,
+        route: str,
+        key_id: str | None,
+        timeout_s: float,
+        usage: Usage,
+        priority: int = 0,
+        read_delay_s: float = 0.0,
     ) -> Permit:
-        """Take one request from the key (429 when it has none left) and start the deadline."""
+        """Take one request from the key (429 when it has none left) and start the deadline.
+        `read_delay_s`: how long the request waited before the server read it."""
         key = self._limiter.limits_of(key_id)
         if key is not None:
             key.take_request()
         deadline = Deadline(timeout_s)
         if self._drain_at is not None:
             deadline.move_earlier(self._drain_at, "draining")
-        permit = Permit(self, route, key_id, key, deadline, usage, priority)
+        permit = Permit(self, route, key_id, key, deadline, usage, priority, read_delay_s)
         self._held.add(permit)
         return permit
 

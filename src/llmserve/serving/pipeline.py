@@ -78,7 +78,9 @@ class Pipeline:
         if request.model != self._model_name:
             raise ModelNotFoundError(request.model)
         timeout_s = min(self._request_timeout_s, request.timeout or self._request_timeout_s)
-        permit = self._permits.issue(observation.route, key_id, timeout_s, observation, request.priority)
+        permit = self._permits.issue(
+            observation.route, key_id, timeout_s, observation, request.priority, observation.read_delay_s
+        )
         context = RequestContext(f"{service.id_prefix}-{uuid.uuid4().hex}", Observers(observation, permit))
         try:
             async with permit:
