@@ -10,10 +10,13 @@ connections queued, `tcpi_sacked` the backlog.
 
 from __future__ import annotations
 
-import socket
 import struct
 from collections.abc import Iterable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
+
+from llmserve.api.tcp_info import TcpSocket, is_measurable, tcp_info
+
+__all__ = ["AcceptQueue", "accept_queue", "is_measurable"]
 
 # struct tcp_info up to tcpi_sacked: eight u8 fields, then rto, ato, snd_mss, rcv_mss, unacked, sacked.
 _TCP_INFO_PREFIX = struct.Struct("8B6I")
@@ -25,27 +28,12 @@ class AcceptQueue(NamedTuple):
     backlog: int
 
 
-class ListeningSocket(Protocol):
-    def getsockopt(self, level: int, optname: int, buflen: int, /) -> bytes: ...
-
-
-def is_measurable() -> bool:
-    """Whether this OS reports accept queues (Linux)."""
-    return hasattr(socket, "TCP_INFO")
-
-
-def accept_queue(sockets: Iterable[ListeningSocket]) -> AcceptQueue:
+def accept_queue(sockets: Iterable[TcpSocket]) -> AcceptQueue:
     """The connections waiting to be accepted on `sockets`, and their backlogs, summed; sockets
     that do not tell (not TCP, not listening, not Linux) count nothing."""
     queued = backlog = 0
     for sock in sockets:
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_PREFIX.size)
-        except (AttributeError, OSError):
-            continue
-        if len(info) < _TCP_INFO_PREFIX.size:
-            continue
-        fields = _TCP_INFO_PREFIX.unpack_from(info)
-        if fields[0] == _TCP_LISTEN:
+        fields = tcp_info(sock, _TCP_INFO_PREFIX)
+        if fields is not None and fields[0] == _TCP_LISTEN:
             queued, backlog = queued + fields[-2], backlog + fields[-1]
     return AcceptQueue(queued, backlog)

@@ -14,11 +14,11 @@ segments is measured from its last, so the reading never exceeds the real wait.
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
-from typing import Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from llmserve.api.tcp_info import TcpSocket, tcp_info
 
 # struct tcp_info up to tcpi_last_data_recv: eight u8 fields, then rto, ato, snd_mss, rcv_mss,
 # unacked, sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv.
@@ -27,30 +27,18 @@ _TCP_INFO_TO_LAST_DATA_RECV = struct.Struct("8B12I")
 READ_DELAY_KEY = "read_delay_s"
 
 
-class ConnectedSocket(Protocol):
-    def getsockopt(self, level: int, optname: int, buflen: int, /) -> bytes: ...
-
-
-def read_delay_s(sock: ConnectedSocket | None) -> float:
+def read_delay_s(sock: TcpSocket | None) -> float:
     """Seconds since the last data arrived on `sock`; 0 where the OS does not tell (not Linux,
     not TCP, a socket already gone)."""
-    if sock is None or not hasattr(socket, "TCP_INFO"):
-        return 0.0
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_TO_LAST_DATA_RECV.size)
-    except OSError:
-        return 0.0
-    if len(info) < _TCP_INFO_TO_LAST_DATA_RECV.size:
-        return 0.0
-    last_data_recv_ms: int = _TCP_INFO_TO_LAST_DATA_RECV.unpack_from(info)[-1]
-    return last_data_recv_ms / 1000
+    fields = None if sock is None else tcp_info(sock, _TCP_INFO_TO_LAST_DATA_RECV)
+    return 0.0 if fields is None else fields[-1] / 1000
 
 
 class ReadDelayHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, which also puts each request's read delay in its scope's
     state (uvicorn hands the app neither the socket nor the transport)."""
 
-    _socket: ConnectedSocket | None = None
+    _socket: TcpSocket | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
