@@ -560,6 +560,55 @@ def test_the_batch_limit_is_the_largest_batch_at_which_a_typical_request_meets_e
     assert queue.batch_limit() == (max_in_flight if first_late is None else max(1, first_late - 1))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    lessons=st.lists(
+        st.tuples(
+            st.sampled_from(["step", "engine_step", "prefill", "service", "arrival", "finish"]),
+            st.integers(1, 64),
+            st.floats(0.001, 0.5),
+        ),
+        max_size=30,
+    )
+)
+def test_the_batch_limit_and_typical_service_kept_between_requests_follow_everything_the_model_learns(
+    lessons: list[tuple[str, int, float]],
+) -> None:
+    """Admission keeps both until the model changes (they are asked for several times per request);
+    after any lesson they are what the model predicts afresh."""
+    model = known_model(0.005, 0.002)
+    slo = SloConfig(e2e_s=0.3, ttft_s=0.1)
+    queue = Admission(AdmissionConfig(max_in_flight=256), slo, model, FakeClock())
+    for kind, count, seconds in lessons:
+        if kind == "step":
+            model.observe_step(count, seconds / 10)
+        elif kind == "engine_step":
+            model.observe_engine_step(count, seconds / 10, count * 10)
+        elif kind == "prefill":
+            model.observe_prefill(count * 10, seconds, 1)
+        elif kind == "service":  # the correction moves from the tenth on
+            for _ in range(10):
+                model.observe_service(predicted_s=seconds, actual_s=seconds * count / 16)
+        elif kind == "arrival":
+            model.typical.observe(count * 10, count)
+        else:
+            model.observe_finish(count, 64)
+        tokens, prompt_tokens = model.typical.tokens, model.typical.prompt_tokens
+        # The definition, from the model's predictions afresh:
+        first_late = next(
+            (
+                batch
+                for batch in range(1, 257)
+                if model.prefill_s(prompt_tokens) + model.step_s(batch) > 0.1
+                or model.service_s(prompt_tokens, tokens, batch) > 0.3
+            ),
+            None,
+        )
+        assert queue.batch_limit() == (256 if first_late is None else max(1, first_late - 1))
+        for batch in (1, count, 256):
+            assert model.typical_service_s(batch) == model.service_s(prompt_tokens, tokens, batch)
+
+
 async def test_a_request_that_cannot_meet_the_target_even_alone_is_served_best_effort() -> None:
     queue = admission(slo=SloConfig(e2e_s=1.0), max_in_flight=64)
     long = await run(queue, max_tokens=1000)

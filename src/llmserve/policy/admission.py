@@ -144,6 +144,7 @@ class Admission:
         self.headroom = Headroom(clock=clock)
         self.loop_lag = EventLoopLag()
         self._max_loop_lag_s = config.max_loop_lag_s or (slo.e2e_s / 10 if slo.e2e_s else None)
+        self._batch_limit: tuple[tuple[object, ...], int] | None = None  # (what it was found for, it)
 
     def observe_engine_step(self, seconds: float, engine_running: int | None, prompt_tokens: int) -> None:
         """A step timed by the engine itself (engine/step_stats.py): from then on the model learns
@@ -471,10 +472,18 @@ class Admission:
 
     def batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
-        the engine runs that full, so every admitted request can plan on it."""
+        the engine runs that full, so every admitted request can plan on it. Found again only once
+        the model has changed: one admission asks for it up to four times."""
         slo, most = self.slo, self.config.max_in_flight
         if slo.e2e_s is None and slo.tpot_s is None and slo.ttft_s is None:
             return most
+        inputs = (id(self.model), self.model.revision, slo.e2e_s, slo.tpot_s, slo.ttft_s, most)
+        if self._batch_limit is None or self._batch_limit[0] != inputs:
+            self._batch_limit = (inputs, self._find_batch_limit(most))
+        return self._batch_limit[1]
+
+    def _find_batch_limit(self, most: int) -> int:
+        slo = self.slo
         prompt_tokens = self.model.typical.prompt_tokens
 
         def late(batch: int) -> bool:
