@@ -161,7 +161,7 @@ class EngineRuntime:
                 admission.kv_capacity_tokens = engine.model_info.kv_cache_tokens
                 engine.watch_steps(admission.observe_engine_step)  # calibration's steps teach it too
                 async with holding(self._calibration_lock):
-                    await calibrate(engine, admission.model)
+                    await calibrate(engine, admission.model, self._config.engine.max_num_seqs)
                 logger.info("admission's service model: %s", admission.model.describe())
                 freeze_startup_heap()
                 self._probed_ok_at = time.monotonic()
