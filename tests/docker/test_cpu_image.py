@@ -16,6 +16,7 @@ from tests.streams import StreamReader
 
 MODEL = "SmolLM2-135M-Instruct"
 SHUTDOWN_TIMEOUT_S = 10
+LONG_CONTEXT = 8192  # SmolLM2's max_position_embeddings
 ENGINE_CORE = "VLLM::EngineCore"
 COUNTING = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 
@@ -126,11 +127,20 @@ def test_metrics_answer_with_both_families(serving: Container) -> None:
 
 
 def test_docker_stop_drains_in_flight_streams_and_exits_0(container_factory: list[Container]) -> None:
-    container = run_container("-e", f"LLMSERVE_SERVER__SHUTDOWN_TIMEOUT_S={SHUTDOWN_TIMEOUT_S}")
+    # The long stream must outlast the signal's delivery and the drain deadline on the fastest
+    # host: 1,500 tokens took 84 s on one Intel AMX host but finished before the POST below on
+    # another (CI saw the server drained and gone), so it runs to the model's own 8,192 tokens.
+    container = run_container(
+        "-e",
+        f"LLMSERVE_SERVER__SHUTDOWN_TIMEOUT_S={SHUTDOWN_TIMEOUT_S}",
+        "-e",
+        f"LLMSERVE_ENGINE__MAX_MODEL_LEN={LONG_CONTEXT}",
+    )
     container_factory.append(container)
     container.wait_ready()
     url = f"{container.base_url}/v1/completions"
-    short, long = StreamReader(url, {**COUNTING, "max_tokens": 12}), StreamReader(url, COUNTING)
+    short = StreamReader(url, {**COUNTING, "max_tokens": 12})
+    long = StreamReader(url, {**COUNTING, "max_tokens": LONG_CONTEXT - 16})
     for stream in (short, long):
         stream.start()
         assert stream.started.wait(60)
@@ -159,6 +169,7 @@ def test_docker_stop_drains_in_flight_streams_and_exits_0(container_factory: lis
         f"readiness turns 503 at once on SIGTERM; 200 at {ready_after_signal} s after it"
     )
     delivered_after = signalled - stopped_wall
+    assert long.is_alive(), f"the long stream ended before the drain could be observed: {long.events[-2:]}"
     refused = httpx.post(
         f"{container.base_url}/v1/completions",
         json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
