@@ -79,6 +79,8 @@ class Row:
     refused_by_front_end: int | None  # llmserve's count of refusals for its event loop's lag
     # llmserve's queued requests: what they took over what admission predicted, at the median
     queued_prediction_p50: float | None = None
+    # llmserve's admitted requests the engine finished after their e2e deadline: (run at once, queued)
+    missed_deadlines: tuple[int, int] | None = None
     false_refusals: int | None = None
 
 
@@ -183,6 +185,20 @@ def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float 
     return quantile_between(before, after, 0.5, "llmserve_admission_e2e_prediction_ratio", decision="queued")
 
 
+def missed_deadlines(before: Scrape | None, after: Scrape | None) -> tuple[int, int] | None:
+    """llmserve's admitted requests that the engine finished after their e2e deadline, between the
+    scrapes: (run at once, queued); None where none was counted (not llmserve, no admission or no
+    e2e target)."""
+    name = "llmserve_admission_deadline_outcomes_total"
+    if before is None or after is None or not after.has(name) or delta(after, before, name) == 0:
+        return None
+
+    def missed(decision: str) -> int:
+        return round(delta(after, before, name, decision=decision, outcome="missed"))
+
+    return missed("run_at_once"), missed("queued")
+
+
 def rejections(before: Scrape | None, after: Scrape | None, reason: str) -> int | None:
     """llmserve's count of refusals for `reason` between the scrapes (None: not llmserve)."""
     if before is None or after is None or not after.has("llmserve_requests_total"):
@@ -222,6 +238,7 @@ def row(
         refused_after_waiting=rejections(before, after, "overloaded_after_waiting"),
         refused_by_front_end=rejections(before, after, "front_end_overloaded"),
         queued_prediction_p50=queued_prediction_p50(before, after),
+        missed_deadlines=missed_deadlines(before, after),
     )
 
 
@@ -333,8 +350,8 @@ def table(rows: list[Row]) -> str:
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
         "429 at arrival p99 server ms | 429 after waiting | 429 front end | false 429 | "
-        "queued: took / predicted p50 |",
-        "| --- | --- " + "| ---: " * 17 + "|",
+        "queued: took / predicted p50 | late by the engine: at once / queued |",
+        "| --- | --- " + "| ---: " * 18 + "|",
     ]
     for r in rows:
         server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
@@ -344,12 +361,13 @@ def table(rows: list[Row]) -> str:
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
         front = "n/a" if r.refused_by_front_end is None else str(r.refused_by_front_end)
         ratio = "n/a" if r.queued_prediction_p50 is None else f"{r.queued_prediction_p50:.2f}"
+        late = "n/a" if r.missed_deadlines is None else " / ".join(map(str, r.missed_deadlines))
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "
             f"{r.failed} | {r.goodput_rps:.2f} | {r.throughput_rps:.2f} | {r.admitted_p50_s:.2f} | "
             f"{r.admitted_p99_s:.2f} | {r.refusal_p99_client_ms:.0f} | {server_ms} | "
-            f"{arrival_ms} | {slow} | {front} | {false} | {ratio} |"
+            f"{arrival_ms} | {slow} | {front} | {false} | {ratio} | {late} |"
         )
     return "\n".join(lines)
 

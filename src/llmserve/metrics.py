@@ -60,6 +60,7 @@ PREDICTION_RATIO_BUCKETS = (
     0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5, 2.0, 4.0,
 )  # fmt: skip
 ADMISSION_DECISIONS = ("run_at_once", "queued")
+DEADLINE_OUTCOMES = ("met", "missed")
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 KNOWN_ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/ready", "/metrics")
@@ -181,6 +182,14 @@ class GatewayMetrics:
             buckets=PREDICTION_RATIO_BUCKETS,
             registry=self.registry,
         )
+        self.deadline_outcomes = Counter(
+            "llmserve_admission_deadline_outcomes_total",
+            "Completed requests admitted with an e2e deadline (slo.e2e_s), by whether the engine "
+            "finished them by it (outcome: met or missed) and how they were admitted (decision: "
+            "run_at_once or queued): where the SLO's late answers come from.",
+            ["model", "decision", "outcome"],
+            registry=self.registry,
+        )
         self.predicted_step = Gauge(
             "llmserve_admission_predicted_step_seconds",
             "Admission's prediction of one engine step (a token for every running sequence), by batch size.",
@@ -264,6 +273,8 @@ class GatewayMetrics:
                 self.rejection_latency.labels(model, route, when)
         for decision in ADMISSION_DECISIONS:
             self.prediction_ratio.labels(model, decision)
+            for outcome in DEADLINE_OUTCOMES:
+                self.deadline_outcomes.labels(model, decision, outcome)
 
     def watch_service_model(
         self,
@@ -410,10 +421,15 @@ class RequestObservation:
         if error.rejection is not None:
             self.on_rejected(error.rejection)
 
-    def on_admission_outcome(self, queued: bool, predicted_s: float, actual_s: float) -> None:
+    def on_admission_outcome(
+        self, queued: bool, predicted_s: float, actual_s: float, met_deadline: bool | None
+    ) -> None:
+        decision = "queued" if queued else "run_at_once"
         if predicted_s > 0:
-            decision = "queued" if queued else "run_at_once"
             self.metrics.prediction_ratio.labels(self.metrics.model, decision).observe(actual_s / predicted_s)
+        if met_deadline is not None:
+            outcome = "met" if met_deadline else "missed"
+            self.metrics.deadline_outcomes.labels(self.metrics.model, decision, outcome).inc()
 
     def on_rejected(self, reason: str) -> None:
         self.failed = True

@@ -772,6 +772,21 @@ async def test_metrics_compare_what_each_request_took_with_what_admission_predic
     assert metrics.value(f"{ratio}_sum", decision="queued") > 0
 
 
+async def test_metrics_count_which_admitted_requests_missed_their_e2e_deadline() -> None:
+    async with ready_client(0.02, "slo.e2e_s=1.0") as (app, client):
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 10}  # 0.2 s of generation
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        engine = app.state.runtime.engine()
+        assert isinstance(engine, FakeEngine)
+        engine.token_delay_s = 0.15  # the engine slows down: 1.5 s, past the 1 s target
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        metrics = Scrape.parse((await client.get("/metrics")).text)
+    outcomes = "llmserve_admission_deadline_outcomes_total"
+    assert metrics.value(outcomes, decision="run_at_once", outcome="met") == 1
+    assert metrics.value(outcomes, decision="run_at_once", outcome="missed") == 1
+    assert metrics.value(outcomes, decision="queued", outcome="missed") == 0
+
+
 async def test_metrics_time_refusals_at_arrival_apart_from_refusals_after_waiting() -> None:
     settings = (
         "admission.max_in_flight=1",

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 from loadtest.bench_driver import RequestResult, percentile, summarise
 from loadtest.engine_bench import derive
-from loadtest.goodput_bench import capacity_drift, queued_prediction_p50, refusal_p99_server_ms
+from loadtest.goodput_bench import (
+    capacity_drift,
+    missed_deadlines,
+    queued_prediction_p50,
+    refusal_p99_server_ms,
+)
 from loadtest.locust_options import parse_weights
 from loadtest.prom import Scrape
 from loadtest.slo import evaluate, highest_passing, load_slo, passed, verdict_table
@@ -171,3 +176,19 @@ def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothin
     assert refusal_p99_server_ms(vllm, vllm) is None
     assert queued_prediction_p50(vllm, vllm) is None
     assert queued_prediction_p50(None, after) is None
+
+
+def test_the_overload_bench_counts_late_answers_by_how_admission_let_them_in() -> None:
+    def scrape(at_once_met: int, at_once_missed: int, queued_missed: int) -> Scrape:
+        outcomes = "llmserve_admission_deadline_outcomes_total"
+        return Scrape.parse(
+            f'{outcomes}{{decision="run_at_once",outcome="met"}} {at_once_met}\n'
+            f'{outcomes}{{decision="run_at_once",outcome="missed"}} {at_once_missed}\n'
+            f'{outcomes}{{decision="queued",outcome="met"}} 0\n'
+            f'{outcomes}{{decision="queued",outcome="missed"}} {queued_missed}\n'
+        )
+
+    assert missed_deadlines(scrape(10, 1, 2), scrape(60, 4, 9)) == (3, 7), "this load only"
+    assert missed_deadlines(scrape(10, 1, 2), scrape(10, 1, 2)) is None, "none admitted with a deadline"
+    vllm = Scrape.parse("vllm:num_requests_running 0\n")
+    assert missed_deadlines(vllm, vllm) is None

@@ -54,7 +54,9 @@ class Usage(Protocol):
     @property
     def generated_tokens(self) -> int: ...
 
-    def on_admission_outcome(self, queued: bool, predicted_s: float, actual_s: float) -> None: ...
+    def on_admission_outcome(
+        self, queued: bool, predicted_s: float, actual_s: float, met_deadline: bool | None
+    ) -> None: ...
 
 
 class Deadline:
@@ -244,7 +246,8 @@ class Permit:
             self._admission.release(ticket, completed=completed)
             if ticket.predicted_e2e_s is not None and ticket.finished_at is not None:
                 actual_s = ticket.finished_at - ticket.arrived_at
-                self._usage.on_admission_outcome(ticket.queued, ticket.predicted_e2e_s, actual_s)
+                met = None if ticket.deadline_at is None else ticket.finished_at <= ticket.deadline_at
+                self._usage.on_admission_outcome(ticket.queued, ticket.predicted_e2e_s, actual_s, met)
         elif self._waiting is not None:  # queued, and cancelled before it could wait
             self._admission.withdraw(self._waiting)
         if self._key is not None:
