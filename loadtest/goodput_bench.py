@@ -79,8 +79,9 @@ class Row:
     refused_by_front_end: int | None  # llmserve's count of refusals for its event loop's lag
     # llmserve's queued requests: what they took over what admission predicted, at the median
     queued_prediction_p50: float | None = None
-    # llmserve's admitted requests the engine finished after their e2e deadline: (run at once, queued)
-    missed_deadlines: tuple[int, int] | None = None
+    # llmserve's admitted requests the engine finished after their e2e deadline (run at once,
+    # queued), and those admitted without one (best effort)
+    missed_deadlines: tuple[int, int, int] | None = None
     false_refusals: int | None = None
 
 
@@ -185,18 +186,22 @@ def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float 
     return quantile_between(before, after, 0.5, "llmserve_admission_e2e_prediction_ratio", decision="queued")
 
 
-def missed_deadlines(before: Scrape | None, after: Scrape | None) -> tuple[int, int] | None:
+def missed_deadlines(before: Scrape | None, after: Scrape | None) -> tuple[int, int, int] | None:
     """llmserve's admitted requests that the engine finished after their e2e deadline, between the
-    scrapes: (run at once, queued); None where none was counted (not llmserve, no admission or no
-    e2e target)."""
+    scrapes: (run at once, queued), then those admitted without a deadline (best effort: predicted
+    to miss it even alone); None where none was counted (not llmserve, or no admission)."""
     name = "llmserve_admission_deadline_outcomes_total"
     if before is None or after is None or not after.has(name) or delta(after, before, name) == 0:
         return None
 
-    def missed(decision: str) -> int:
-        return round(delta(after, before, name, decision=decision, outcome="missed"))
+    def count(outcome: str, **decision: str) -> int:
+        return round(delta(after, before, name, outcome=outcome, **decision))
 
-    return missed("run_at_once"), missed("queued")
+    return (
+        count("missed", decision="run_at_once"),
+        count("missed", decision="queued"),
+        count("best_effort"),
+    )
 
 
 def rejections(before: Scrape | None, after: Scrape | None, reason: str) -> int | None:
@@ -350,7 +355,7 @@ def table(rows: list[Row]) -> str:
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
         "429 at arrival p99 server ms | 429 after waiting | 429 front end | false 429 | "
-        "queued: took / predicted p50 | late by the engine: at once / queued |",
+        "queued: took / predicted p50 | late by the engine: at once / queued; best effort |",
         "| --- | --- " + "| ---: " * 18 + "|",
     ]
     for r in rows:
@@ -361,7 +366,10 @@ def table(rows: list[Row]) -> str:
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
         front = "n/a" if r.refused_by_front_end is None else str(r.refused_by_front_end)
         ratio = "n/a" if r.queued_prediction_p50 is None else f"{r.queued_prediction_p50:.2f}"
-        late = "n/a" if r.missed_deadlines is None else " / ".join(map(str, r.missed_deadlines))
+        late = "n/a"
+        if r.missed_deadlines is not None:
+            at_once, queued, best_effort = r.missed_deadlines
+            late = f"{at_once} / {queued}; {best_effort}"
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "

@@ -60,7 +60,7 @@ PREDICTION_RATIO_BUCKETS = (
     0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5, 2.0, 4.0,
 )  # fmt: skip
 ADMISSION_DECISIONS = ("run_at_once", "queued")
-DEADLINE_OUTCOMES = ("met", "missed")
+DEADLINE_OUTCOMES = ("met", "missed", "best_effort")
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 KNOWN_ROUTES = (*GENERATION_ROUTES, "/v1/models", "/health", "/ready", "/metrics")
@@ -184,9 +184,10 @@ class GatewayMetrics:
         )
         self.deadline_outcomes = Counter(
             "llmserve_admission_deadline_outcomes_total",
-            "Completed requests admitted with an e2e deadline (slo.e2e_s), by whether the engine "
-            "finished them by it (outcome: met or missed) and how they were admitted (decision: "
-            "run_at_once or queued): where the SLO's late answers come from.",
+            "Completed requests admission decided on, by whether the engine finished them by their "
+            "e2e deadline (outcome: met or missed; best_effort: admitted without one, as no e2e "
+            "target is set or the request was predicted to miss it even alone) and how they were "
+            "admitted (decision: run_at_once or queued): where the SLO's late answers come from.",
             ["model", "decision", "outcome"],
             registry=self.registry,
         )
@@ -427,9 +428,8 @@ class RequestObservation:
         decision = "queued" if queued else "run_at_once"
         if predicted_s > 0:
             self.metrics.prediction_ratio.labels(self.metrics.model, decision).observe(actual_s / predicted_s)
-        if met_deadline is not None:
-            outcome = "met" if met_deadline else "missed"
-            self.metrics.deadline_outcomes.labels(self.metrics.model, decision, outcome).inc()
+        outcome = "best_effort" if met_deadline is None else "met" if met_deadline else "missed"
+        self.metrics.deadline_outcomes.labels(self.metrics.model, decision, outcome).inc()
 
     def on_rejected(self, reason: str) -> None:
         self.failed = True

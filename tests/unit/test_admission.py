@@ -785,6 +785,17 @@ async def test_metrics_count_which_admitted_requests_missed_their_e2e_deadline()
     assert metrics.value(outcomes, decision="run_at_once", outcome="met") == 1
     assert metrics.value(outcomes, decision="run_at_once", outcome="missed") == 1
     assert metrics.value(outcomes, decision="queued", outcome="missed") == 0
+    assert metrics.value(outcomes, outcome="best_effort") == 0
+
+
+async def test_metrics_count_requests_admitted_without_a_deadline_as_best_effort() -> None:
+    async with ready_client(0.02, "slo.e2e_s=0.1") as (_, client):
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 10}  # 0.2 s even alone: no deadline
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        metrics = Scrape.parse((await client.get("/metrics")).text)
+    outcomes = "llmserve_admission_deadline_outcomes_total"
+    assert metrics.value(outcomes, decision="run_at_once", outcome="best_effort") == 1
+    assert metrics.value(outcomes, outcome="missed") == 0
 
 
 async def test_metrics_time_refusals_at_arrival_apart_from_refusals_after_waiting() -> None:

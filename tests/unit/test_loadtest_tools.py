@@ -179,16 +179,18 @@ def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothin
 
 
 def test_the_overload_bench_counts_late_answers_by_how_admission_let_them_in() -> None:
-    def scrape(at_once_met: int, at_once_missed: int, queued_missed: int) -> Scrape:
+    def scrape(at_once_met: int, at_once_missed: int, queued_missed: int, best_effort: int) -> Scrape:
         outcomes = "llmserve_admission_deadline_outcomes_total"
         return Scrape.parse(
             f'{outcomes}{{decision="run_at_once",outcome="met"}} {at_once_met}\n'
             f'{outcomes}{{decision="run_at_once",outcome="missed"}} {at_once_missed}\n'
+            f'{outcomes}{{decision="run_at_once",outcome="best_effort"}} {best_effort}\n'
             f'{outcomes}{{decision="queued",outcome="met"}} 0\n'
             f'{outcomes}{{decision="queued",outcome="missed"}} {queued_missed}\n'
+            f'{outcomes}{{decision="queued",outcome="best_effort"}} 1\n'
         )
 
-    assert missed_deadlines(scrape(10, 1, 2), scrape(60, 4, 9)) == (3, 7), "this load only"
-    assert missed_deadlines(scrape(10, 1, 2), scrape(10, 1, 2)) is None, "none admitted with a deadline"
+    assert missed_deadlines(scrape(10, 1, 2, 0), scrape(60, 4, 9, 5)) == (3, 7, 5), "this load only"
+    assert missed_deadlines(scrape(10, 1, 2, 0), scrape(10, 1, 2, 0)) is None, "none admitted"
     vllm = Scrape.parse("vllm:num_requests_running 0\n")
     assert missed_deadlines(vllm, vllm) is None
