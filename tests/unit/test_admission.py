@@ -170,19 +170,21 @@ async def test_a_long_request_is_planned_at_the_batch_arrivals_keep_running_not_
 
 async def test_the_door_plans_a_request_with_its_own_arrival_counted_as_the_queue_will() -> None:
     """Steps of 0.1 + 0.01 b s, an e2e target of 3 s: a 14-token request is late from a batch of
-    12. Seven arrivals in 2 s (3.5 a second) keep 6 running; the eighth, within half a second of
-    the first, counts the rate from the first (16 a second: 20 running). The long request is that
+    12. Seven arrivals 0.16 s apart, too few to count from the first, read as 3.5 a second (7 in
+    the last 2 s; the lower 10 % bound of the rate they came at is 3.3) and keep 6 running; the
+    eighth counts the rate from the first (6.25 a second: 17 running). The long request is that
     eighth: the door refuses it as the queue would have, rather than the queue refusing it the
     same instant "after waiting", which the headroom would take for a queued request's miss."""
     clock = FakeClock()
     queue = admission(clock, slo=SloConfig(e2e_s=3.0), max_in_flight=100)
     running = await run(queue, max_tokens=10)
     for _ in range(6):
-        clock.now += 0.1
+        clock.now += 0.16
         other = queue.ticket(1, 10, 10)
         assert queue.admit_now(other)
         queue.release(other, completed=False)
     assert queue.planned_batch() == 6
+    clock.now += 0.16
     long = queue.ticket(1, 10, 14)
     with pytest.raises(OverloadedError) as refusal:
         queue.admit_now(long)

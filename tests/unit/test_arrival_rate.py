@@ -77,3 +77,24 @@ def test_a_trickle_is_counted_over_two_seconds_and_a_refused_arrival_is_taken_ba
     assert rate.per_second(101.5) == 2.0  # 4 over the last 2 s
     rate.take_back()
     assert rate.per_second(101.5) == 1.5
+
+
+def test_a_loads_first_arrivals_read_as_a_load_before_there_are_enough_to_count() -> None:
+    """Over the short window alone, a load's first 7 requests after a quiet spell read as a
+    trickle, were planned at the small batch a trickle keeps running, and were admitted into the
+    full batch that followed: at 4x the CPU engine's capacity, late. Read at the lower 10 % bound
+    of the rate they came at, 59 a second reads 12 or more (the engine's batch planned full) by
+    the 4th arrival in 9 loads of 10."""
+    reached = []
+    for seed in range(100):
+        rate = ArrivalRate()
+        estimates = poisson(rate, 59.0, 600.0, 601.0, seed=seed)
+        reached.append(next(i + 1 for i, estimate in enumerate(estimates) if estimate >= 12.0))
+    assert quantile(reached, 0.9) <= 4
+    assert min(reached) >= 3  # two arrivals are never enough to read a load
+
+
+def test_a_slow_trickles_chance_pairs_do_not_read_as_a_load() -> None:
+    rate = ArrivalRate()
+    estimates = poisson(rate, 0.5, 0.0, 8000.0, seed=8)
+    assert quantile(estimates, 0.999) < 5.0
