@@ -96,6 +96,61 @@ def test_predictions_are_corrected_by_what_requests_really_took() -> None:
     assert model.correction == pytest.approx(0.8)
 
 
+def model_with_a_slow_tenth(slow: float = 1.5) -> ServiceModel:
+    """The known model, having seen 9 requests in 10 take what it predicted and 1 `slow` x that."""
+    model = known_model(0.1, 0.01)
+    for index in range(20):
+        model.observe_service(predicted_s=1.0, actual_s=slow if index % 10 == 9 else 1.0)
+    return model
+
+
+def test_the_model_knows_how_much_longer_than_predicted_a_slow_request_takes() -> None:
+    model = model_with_a_slow_tenth(1.5)
+    assert model.correction == pytest.approx(1.0)  # the median: predictions stay unbiased
+    assert model.tail == pytest.approx(1.5)  # the 90th percentile over the median
+    assert ServiceModel().tail == 1.0  # nothing seen yet: no margin
+
+
+async def test_a_request_that_would_wait_plans_on_a_slow_service_one_that_runs_now_on_the_median() -> None:
+    """A tenth of the requests take 1.5x their prediction. Queued and then admitted with only the
+    median's time left, a tenth of them came late (at 4x load on the CPU engine, most queued late
+    answers); so a request that would wait needs time for a slow service, or it is refused at
+    once. One that fits now plans on the median, so that a long request is not refused while the
+    engine has room."""
+    for slow, queued in ((1.0, True), (1.5, False)):
+        clock = FakeClock()
+        model = model_with_a_slow_tenth(slow)
+        queue = admission(clock, slo=SloConfig(e2e_s=2.5), model=model, max_in_flight=2)
+        running = [await run(queue, max_tokens=8), await run(queue, max_tokens=8)]  # 0.96 s to go
+        # Its own 10 tokens beside another: 1.2 s, 1.8 s if slow; after 0.96 s of waiting 1.54 s left.
+        waiter = queue.ticket(1, 10, 10)
+        if queued:
+            assert not queue.admit_now(waiter)
+            queue.withdraw(waiter)
+        else:
+            with pytest.raises(OverloadedError) as refused:
+                queue.admit_now(waiter)
+            assert refused.value.rejection == "overloaded"  # at the door, in milliseconds
+        queue.release(running[0], completed=True)
+        # With room: 20 tokens beside the other, 2.4 s (3.6 s if slow) of a 2.5 s target: it runs.
+        assert queue.admit_now(queue.ticket(1, 10, 20))
+
+
+async def test_a_queued_request_is_admitted_only_with_time_left_for_a_slow_service() -> None:
+    clock = FakeClock()
+    queue = admission(clock, slo=SloConfig(e2e_s=2.5), model=model_with_a_slow_tenth(1.2), max_in_flight=2)
+    await run(queue, max_tokens=30)  # alone, it runs whatever its target
+    short = await run(queue, max_tokens=5)  # 0.6 s to go
+    waiter = queue.ticket(1, 10, 10)  # 1.2 s, 1.44 s if slow: queued, 1.9 s left after its wait
+    assert not queue.admit_now(waiter)
+    clock.now += 1.2  # the short one took twice as long: 1.3 s left, enough for the median alone
+    queue.release(short, completed=True)
+    with pytest.raises(OverloadedError, match="latency target") as refused:
+        await queue.wait_for_room(waiter)
+    assert refused.value.rejection == "overloaded_after_waiting"
+    assert queue.running == 1  # its place is left to a request with time to spare
+
+
 async def test_the_correction_settles_on_the_engines_real_pace_instead_of_learning_its_own_error() -> None:
     clock = FakeClock()
     model = known_model(0.1, 0.01)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Until measured: roughly a small model on two CPU cores. Calibration replaces these at start-up.
@@ -54,11 +55,13 @@ SHARE_QUANTILE = 0.9
 # Predictions are checked against what finished requests really took: the median of actual /
 # predicted over recent requests scales every prediction (within these bounds), so predictions
 # are unbiased; the margin for the tail is the queue's headroom (policy/headroom.py), steered by
-# outcomes. (A 90th percentile here stacked a margin on every term: at 64 running it predicted
-# 1.7x the real step, refused every request longer than typical and queued none of a burst.)
+# outcomes, and `tail`, what a request that waits plans on. (A 90th percentile here stacked a
+# margin on every term: at 64 running it predicted 1.7x the real step, refused every request
+# longer than typical and queued none of a burst.)
 CORRECTION_WINDOW = 200
 CORRECTION_QUANTILE = 0.5
 CORRECTION_BOUNDS = (0.5, 3.0)
+TAIL_QUANTILE = 0.9  # of actual / predicted, over its median: the spread a queued request plans on
 
 
 class TypicalRequest:
@@ -118,6 +121,7 @@ class ServiceModel:
         self._fitted = True  # observations arrive per token, reads per request: fit on read
         self.engine_times_steps = False  # once it has: step samples carry their prompt tokens
         self.correction = 1.0
+        self.tail = 1.0  # a slow request's time over a typical one's, at the same prediction
         self.typical = TypicalRequest()
         self._changes = 0  # of what step_s, prefill_s and typical_service_s predict
         self._typical_service: dict[int, float] = {}  # per batch, at `_typical_service_revision`
@@ -174,7 +178,9 @@ class ServiceModel:
             return
         self._errors.append(actual_s / predicted_s)
         if len(self._errors) >= 10:
-            ratio = _quantile(self._errors, CORRECTION_QUANTILE)
+            ordered = sorted(self._errors)
+            ratio = _quantile(ordered, CORRECTION_QUANTILE)
+            self.tail = max(1.0, _quantile(ordered, TAIL_QUANTILE) / ratio)
             correction = min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
             if correction != self.correction:
                 self.correction = correction
@@ -314,6 +320,6 @@ class _PlaneSums:
         return _PlaneSums(**vars(self))
 
 
-def _quantile(values: deque[float], quantile: float) -> float:
+def _quantile(values: Iterable[float], quantile: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
