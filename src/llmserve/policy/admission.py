@@ -415,11 +415,11 @@ class Admission:
         and the arrivals bring over that time. `slow`: as a slow request of the same prediction
         takes it (the model's tail), what a request that waited plans on: see `_too_late`."""
         model, tokens = self.model, ticket.expected_tokens
-        turning_over_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
+        service_s = turning_over_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
         inflow = self._inflow(turning_over_s, tokens, ticket)
         if inflow is not None:
-            turning_over_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected, inflow)
-        return turning_over_s * model.tail if slow else turning_over_s
+            service_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected, inflow)
+        return service_s * model.tail if slow else service_s
 
     def _inflow(self, seconds: float, steps: int, ticket: Ticket | None = None) -> float | None:
         """The prompt tokens a step can take in over the next `seconds` (`steps` steps): those

@@ -178,9 +178,9 @@ class ServiceModel:
             return
         self._errors.append(actual_s / predicted_s)
         if len(self._errors) >= 10:
-            ordered = sorted(self._errors)
-            ratio = _quantile(ordered, CORRECTION_QUANTILE)
-            self.tail = max(1.0, _quantile(ordered, TAIL_QUANTILE) / ratio)
+            ordered = sorted(self._errors)  # once, for both quantiles
+            ratio = _quantile_of_sorted(ordered, CORRECTION_QUANTILE)
+            self.tail = max(1.0, _quantile_of_sorted(ordered, TAIL_QUANTILE) / ratio)
             correction = min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
             if correction != self.correction:
                 self.correction = correction
@@ -321,5 +321,8 @@ class _PlaneSums:
 
 
 def _quantile(values: Iterable[float], quantile: float) -> float:
-    ordered = sorted(values)
+    return _quantile_of_sorted(sorted(values), quantile)
+
+
+def _quantile_of_sorted(ordered: list[float], quantile: float) -> float:
     return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
