@@ -77,8 +77,10 @@ class Row:
     arrival_refusal_p99_server_ms: float | None  # those refused at arrival, not after waiting
     refused_after_waiting: int | None  # llmserve's count of slow refusals (queued, then refused)
     refused_by_front_end: int | None  # llmserve's count of refusals for its event loop's lag
-    # llmserve's queued requests: what they took over what admission predicted, at the median
+    # llmserve's queued requests: what they took over what admission predicted, at the median,
+    # and their wait for admission over the queue's forecast of it
     queued_prediction_p50: float | None = None
+    queued_wait_p50: float | None = None
     # llmserve's admitted requests the engine finished after their e2e deadline (run at once,
     # queued), and those admitted without one (best effort)
     missed_deadlines: tuple[int, int, int] | None = None
@@ -186,6 +188,11 @@ def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float 
     return quantile_between(before, after, 0.5, "llmserve_admission_e2e_prediction_ratio", decision="queued")
 
 
+def queued_wait_p50(before: Scrape | None, after: Scrape | None) -> float | None:
+    """The median of what queued requests waited for admission over the queue's forecast."""
+    return quantile_between(before, after, 0.5, "llmserve_admission_queue_wait_prediction_ratio")
+
+
 def missed_deadlines(before: Scrape | None, after: Scrape | None) -> tuple[int, int, int] | None:
     """llmserve's admitted requests that the engine finished after their e2e deadline, between the
     scrapes: (run at once, queued), then those admitted without a deadline (best effort: predicted
@@ -243,6 +250,7 @@ def row(
         refused_after_waiting=rejections(before, after, "overloaded_after_waiting"),
         refused_by_front_end=rejections(before, after, "front_end_overloaded"),
         queued_prediction_p50=queued_prediction_p50(before, after),
+        queued_wait_p50=queued_wait_p50(before, after),
         missed_deadlines=missed_deadlines(before, after),
     )
 
@@ -355,7 +363,8 @@ def table(rows: list[Row]) -> str:
         "| server | load | offered req/s | offered | 200 | within SLO | 429 | failed | goodput req/s | "
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
         "429 at arrival p99 server ms | 429 after waiting | 429 front end | false 429 | "
-        "queued: took / predicted p50 | late by the engine: at once / queued; best effort |",
+        "queued p50: took / predicted; waited / forecast | "
+        "late by the engine: at once / queued; best effort |",
         "| --- | --- " + "| ---: " * 18 + "|",
     ]
     for r in rows:
@@ -366,6 +375,8 @@ def table(rows: list[Row]) -> str:
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
         front = "n/a" if r.refused_by_front_end is None else str(r.refused_by_front_end)
         ratio = "n/a" if r.queued_prediction_p50 is None else f"{r.queued_prediction_p50:.2f}"
+        if r.queued_wait_p50 is not None:
+            ratio += f"; {r.queued_wait_p50:.2f}"
         late = "n/a"
         if r.missed_deadlines is not None:
             at_once, queued, best_effort = r.missed_deadlines

@@ -59,6 +59,9 @@ READ_DELAY_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0
 PREDICTION_RATIO_BUCKETS = (
     0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5, 2.0, 4.0,
 )  # fmt: skip
+# A queued request's wait over its forecast: at light load the forecast ran 3-10x long (a wait of a
+# step or two forecast at a second), so edges reach well below 1.
+WAIT_FORECAST_RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 ADMISSION_DECISIONS = ("run_at_once", "queued")
 DEADLINE_OUTCOMES = ("met", "missed", "best_effort")
 
@@ -180,6 +183,14 @@ class GatewayMetrics:
             "(answers come late). decision: run_at_once or queued.",
             ["model", "decision"],
             buckets=PREDICTION_RATIO_BUCKETS,
+            registry=self.registry,
+        )
+        self.wait_forecast_ratio = Histogram(
+            "llmserve_admission_queue_wait_prediction_ratio",
+            "Completed queued requests' wait for admission over the wait admission forecast when it "
+            "queued them: the part of the e2e prediction ratio that is the queue's own forecast.",
+            ["model"],
+            buckets=WAIT_FORECAST_RATIO_BUCKETS,
             registry=self.registry,
         )
         self.deadline_outcomes = Counter(
@@ -423,11 +434,19 @@ class RequestObservation:
             self.on_rejected(error.rejection)
 
     def on_admission_outcome(
-        self, queued: bool, predicted_s: float, actual_s: float, met_deadline: bool | None
+        self,
+        queued: bool,
+        predicted_s: float,
+        actual_s: float,
+        met_deadline: bool | None,
+        wait: tuple[float, float] | None = None,
     ) -> None:
         decision = "queued" if queued else "run_at_once"
         if predicted_s > 0:
             self.metrics.prediction_ratio.labels(self.metrics.model, decision).observe(actual_s / predicted_s)
+        if wait is not None and wait[0] > 0:
+            forecast_s, waited_s = wait
+            self.metrics.wait_forecast_ratio.labels(self.metrics.model).observe(waited_s / forecast_s)
         outcome = "best_effort" if met_deadline is None else "met" if met_deadline else "missed"
         self.metrics.deadline_outcomes.labels(self.metrics.model, decision, outcome).inc()
 

@@ -827,6 +827,8 @@ async def test_metrics_compare_what_each_request_took_with_what_admission_predic
     assert metrics.value(f"{ratio}_count", decision="run_at_once") == 2
     assert metrics.value(f"{ratio}_count", decision="queued") == 2, "one a round, not the refused"
     assert metrics.value(f"{ratio}_sum", decision="queued") > 0
+    waits = "llmserve_admission_queue_wait_prediction_ratio"
+    assert metrics.value(f"{waits}_count") == 2, "the queue's own forecast, apart from the service"
 
 
 async def test_metrics_count_which_admitted_requests_missed_their_e2e_deadline() -> None:

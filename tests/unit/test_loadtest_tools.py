@@ -11,6 +11,7 @@ from loadtest.goodput_bench import (
     capacity_drift,
     missed_deadlines,
     queued_prediction_p50,
+    queued_wait_p50,
     refusal_p99_server_ms,
 )
 from loadtest.locust_options import parse_weights
@@ -156,6 +157,7 @@ def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothin
     def scrape(refused_fast: int, refused_slow: int, queued_on_time: int) -> Scrape:
         refusals = "llmserve_rejection_latency_seconds_bucket"
         ratios = "llmserve_admission_e2e_prediction_ratio_bucket"
+        waits = "llmserve_admission_queue_wait_prediction_ratio_bucket"
         return Scrape.parse(
             f'{refusals}{{when="at_arrival",le="0.01"}} {refused_fast}\n'
             f'{refusals}{{when="at_arrival",le="+Inf"}} {refused_fast}\n'
@@ -166,16 +168,21 @@ def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothin
             f'{ratios}{{decision="queued",le="+Inf"}} {queued_on_time}\n'
             f'{ratios}{{decision="run_at_once",le="0.9"}} 50\n'
             f'{ratios}{{decision="run_at_once",le="+Inf"}} 50\n'
+            f'{waits}{{le="0.25"}} 0\n'
+            f'{waits}{{le="0.5"}} {queued_on_time}\n'
+            f'{waits}{{le="+Inf"}} {queued_on_time}\n'
         )
 
     before, after = scrape(5, 0, 0), scrape(105, 0, 20)
     assert refusal_p99_server_ms(before, after) == pytest.approx(9.9)
     assert refusal_p99_server_ms(before, after, when="at_arrival") == pytest.approx(9.9)
     assert queued_prediction_p50(before, after) == pytest.approx(0.95), "the queued only, this load only"
+    assert queued_wait_p50(before, after) == pytest.approx(0.375), "their wait over the queue's forecast"
     vllm = Scrape.parse("vllm:num_requests_running 0\n")
     assert refusal_p99_server_ms(vllm, vllm) is None
     assert queued_prediction_p50(vllm, vllm) is None
     assert queued_prediction_p50(None, after) is None
+    assert queued_wait_p50(vllm, vllm) is None
 
 
 def test_the_overload_bench_counts_late_answers_by_how_admission_let_them_in() -> None:

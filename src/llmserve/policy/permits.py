@@ -55,8 +55,15 @@ class Usage(Protocol):
     def generated_tokens(self) -> int: ...
 
     def on_admission_outcome(
-        self, queued: bool, predicted_s: float, actual_s: float, met_deadline: bool | None
-    ) -> None: ...
+        self,
+        queued: bool,
+        predicted_s: float,
+        actual_s: float,
+        met_deadline: bool | None,
+        wait: tuple[float, float] | None = None,
+    ) -> None:
+        """`wait`: a queued request's (forecast, real) wait for admission, in seconds."""
+        ...
 
 
 class Deadline:
@@ -247,7 +254,10 @@ class Permit:
             if ticket.predicted_e2e_s is not None and ticket.finished_at is not None:
                 actual_s = ticket.finished_at - ticket.arrived_at
                 met = None if ticket.deadline_at is None else ticket.finished_at <= ticket.deadline_at
-                self._usage.on_admission_outcome(ticket.queued, ticket.predicted_e2e_s, actual_s, met)
+                wait = None
+                if ticket.forecast_wait_s is not None and ticket.queued and ticket.admitted_at is not None:
+                    wait = (ticket.forecast_wait_s, ticket.admitted_at - ticket.arrived_at)
+                self._usage.on_admission_outcome(ticket.queued, ticket.predicted_e2e_s, actual_s, met, wait)
         elif self._waiting is not None:  # queued, and cancelled before it could wait
             self._admission.withdraw(self._waiting)
         if self._key is not None:
