@@ -11,7 +11,15 @@ extrapolated: from batches of 1 and 8 alone, five calibrations on one engine (In
 AMX, bfloat16) predicted a step at 64 sequences of 37 to 129 ms against 60-69 ms measured, and a
 server that started at the high end refused 7 requests at half load that every other server
 answered in time; from 1, 16 and 48, 66 to 80 ms. Never beyond the engine's own batch
-(max_num_seqs): vLLM would queue the rest."""
+(max_num_seqs): vLLM would queue the rest.
+
+Where the engine times its steps (vLLM: engine/step_stats.py), only its clock teaches the steps,
+as in serving (policy/permits.py): the gaps between tokens relayed to 48 requests also held the
+API process's own work (105 ms a step against the engine's 68), and each was a sample, 48 a step
+against the engine's one: ~450 samples that outweighed the first minute of a load's (~9 a
+second), so a fresh server planned that minute on them. Calibrated by the engine's ~80 steps, the
+fit is still noisy (0.44-1.23 ms a sequence in two starts, against ~0.75 under load) but a
+load's own steps take it over within seconds."""
 
 from __future__ import annotations
 
@@ -48,7 +56,7 @@ async def calibrate(engine: EngineClient, model: ServiceModel, engine_sequences:
                 now, count = time.monotonic(), len(delta.token_ids)
                 if count and previous is None:
                     model.observe_prefill(len(prompt.token_ids), now - started, batch)
-                elif count and previous is not None:
+                elif count and previous is not None and not model.engine_times_steps:
                     model.observe_step(batch, (now - previous) / count)
                 previous = now if count else previous
 
