@@ -17,9 +17,8 @@ Where the engine times its steps (vLLM: engine/step_stats.py), only its clock te
 as in serving (policy/permits.py): the gaps between tokens relayed to 48 requests also held the
 API process's own work (105 ms a step against the engine's 68), and each was a sample, 48 a step
 against the engine's one: ~450 samples that outweighed the first minute of a load's (~9 a
-second), so a fresh server planned that minute on them. Calibrated by the engine's ~80 steps, the
-fit is still noisy (0.44-1.23 ms a sequence in two starts, against ~0.75 under load) but a
-load's own steps take it over within seconds."""
+second), so a fresh server planned that minute on them. Calibrated by the engine's ~120 steps, the
+fit is noisier (see TOKENS) but a load's own steps take it over within seconds."""
 
 from __future__ import annotations
 
@@ -31,7 +30,9 @@ from llmserve.engine.base import EngineClient, SamplingSpec
 from llmserve.policy.service_model import ServiceModel
 
 PROMPT = "Count from one to a hundred, one number per line: one, two, three, four, five,"
-TOKENS = 8
+# Per batch: 8 gave 0.47-0.75 ms a sequence in four starts of one host (the engine's clock
+# alone), 24 gave 0.66-0.75 against 0.78 fitted under load, for ~2 s more before ready.
+TOKENS = 24
 BATCHES = (1, 16, 48)
 RUNNING = 4  # the batch the newcomers' prompts are taken into
 NEWCOMER_PROMPT_REPEATS = (1, 2, 4, 8)  # a newcomer's prompt: this many times PROMPT
