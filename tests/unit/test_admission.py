@@ -930,11 +930,11 @@ async def test_refusals_of_a_long_burst_are_told_to_come_back_spread_out_and_at_
 async def test_once_the_engine_times_its_steps_admission_learns_from_those() -> None:
     queue = admission(max_in_flight=64)
     running = [await run(queue) for _ in range(4)]
-    assert not queue.engine_times_steps
+    assert not queue.model.engine_times_steps
     before = queue.model.step_s(30)
     for _ in range(200):  # the engine ran 30 sequences (some admitted by other API processes)
         queue.observe_engine_step(1.0, engine_running=30, prompt_tokens=0)
-    assert queue.engine_times_steps
+    assert queue.model.engine_times_steps
     assert before < 0.5
     assert queue.model.step_s(30) == pytest.approx(1.0, rel=0.05)
     for ticket in running:

@@ -154,10 +154,6 @@ class Admission:
         self._batches.step(batch)
 
     @property
-    def engine_times_steps(self) -> bool:
-        return self.model.engine_times_steps
-
-    @property
     def running(self) -> int:
         """Engine sequences running (a request with n choices or prompts counts each)."""
         return self._load.sequences

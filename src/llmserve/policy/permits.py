@@ -232,15 +232,13 @@ class Permit:
         first_at, last_at = (now, now) if timing is None else timing.placed(now)
         ticket.generated += count
         model, batch = self._admission.model, self._admission.running
-        learns_steps = not self._admission.engine_times_steps
         previous = self._last_token_at.get(choice)
         if previous is not None:
-            if learns_steps:
-                model.observe_step(batch, (last_at - previous) / count)
+            model.observe_step(batch, (last_at - previous) / count)
         else:
             if ticket.admitted_at is not None and not self._last_token_at:
                 model.observe_prefill(ticket.prompt_tokens, first_at - ticket.admitted_at, batch)
-            if learns_steps and timing is not None and count > 1:  # a choice delivered whole
+            if timing is not None and count > 1:  # a choice delivered whole
                 model.observe_step(batch, (last_at - first_at) / (count - 1))
         self._last_token_at[choice] = last_at
 

@@ -134,8 +134,12 @@ class ServiceModel:
         return self._changes, self.typical.seen
 
     def observe_step(self, batch: int, seconds: float) -> None:
-        """A step measured between relayed tokens (the prompts it took in are not known)."""
-        self._observe(batch, 0, seconds)
+        """A step measured between relayed tokens (the prompts it took in are not known). Where the
+        engine times its steps, only its clock teaches them: a relayed gap also holds the API
+        process's own work (at a batch of 48 on the CPU, 1.5x the engine's step), and every
+        request relays one, so they outnumbered the engine's samples by the batch."""
+        if not self.engine_times_steps:
+            self._observe(batch, 0, seconds)
 
     def observe_engine_step(self, batch: int, seconds: float, prompt_tokens: int) -> None:
         """A step timed by the engine, which also finished the prefill of `prompt_tokens`."""

@@ -13,12 +13,13 @@ server that started at the high end refused 7 requests at half load that every o
 answered in time; from 1, 16 and 48, 66 to 80 ms. Never beyond the engine's own batch
 (max_num_seqs): vLLM would queue the rest.
 
-Where the engine times its steps (vLLM: engine/step_stats.py), only its clock teaches the steps,
-as in serving (policy/permits.py): the gaps between tokens relayed to 48 requests also held the
-API process's own work (105 ms a step against the engine's 68), and each was a sample, 48 a step
-against the engine's one: ~450 samples that outweighed the first minute of a load's (~9 a
-second), so a fresh server planned that minute on them. Calibrated by the engine's ~120 steps, the
-fit is noisier (see TOKENS) but a load's own steps take it over within seconds."""
+Where the engine times its steps (vLLM: engine/step_stats.py), only its clock teaches the steps
+(ServiceModel.observe_step), in calibration as in serving: the gaps between tokens relayed to 48
+requests also held the API process's own work (105 ms a step against the engine's 68), and each
+was a sample, 48 a step against the engine's one: ~450 samples that outweighed the first minute
+of a load's (~9 a second), so a fresh server planned that minute on them. Calibrated by the
+engine's ~120 steps, the fit is noisier (see TOKENS) but a load's own steps take it over within
+seconds."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ async def calibrate(engine: EngineClient, model: ServiceModel, engine_sequences:
                 now, count = time.monotonic(), len(delta.token_ids)
                 if count and previous is None:
                     model.observe_prefill(len(prompt.token_ids), now - started, batch)
-                elif count and previous is not None and not model.engine_times_steps:
+                elif count and previous is not None:  # taught only where the engine keeps no clock
                     model.observe_step(batch, (now - previous) / count)
                 previous = now if count else previous
 
