@@ -199,6 +199,47 @@ async def test_a_request_that_ran_in_a_heavier_batch_than_planned_teaches_the_co
     assert model.correction == 1.0
 
 
+def engine_timed_model(
+    base_s: float = 0.1, per_sequence_s: float = 0.01, per_prompt_token_s: float = 0.001
+) -> ServiceModel:
+    """A model that has seen the engine time steps of exactly base + per_sequence * batch +
+    per_prompt_token * the prompt tokens the step took in."""
+    model = ServiceModel()
+    for batch, prompt_tokens in ((1, 0), (9, 0), (1, 100), (9, 100)) * 2:
+        model.observe_engine_step(
+            batch, base_s + per_sequence_s * batch + per_prompt_token_s * prompt_tokens, prompt_tokens
+        )
+    return model
+
+
+async def test_a_request_whose_steps_took_in_more_prompts_than_planned_teaches_the_correction_nothing() -> (
+    None
+):
+    """As a load fills the engine, its first requests' steps take in the fill's prompts, more than
+    the turnover they were planned with: longer, as the model says they would be. Requests that
+    ran as planned, 1.5x slow, still teach it."""
+    clock = FakeClock()
+    model = engine_timed_model(0.1, 0.01, 0.001)
+    queue = admission(clock, model=model, max_in_flight=64)
+    for extra_prompt_tokens, pace in ((300, 1.0), (0, 1.5)):
+        for _ in range(30):
+            ticket = await run(queue)
+            batch, prompt_tokens = (
+                ticket.planned_batch,
+                round(ticket.planned_prompt_tokens) + extra_prompt_tokens,
+            )
+            took_s = model.prefill_s(ticket.prompt_tokens, corrected=False)
+            for _ in range(ticket.expected_tokens):
+                step_s = 0.1 + 0.01 * batch + 0.001 * prompt_tokens
+                queue.observe_engine_step(step_s, batch, prompt_tokens)
+                took_s += step_s
+            clock.now += pace * took_s
+            queue.release(ticket, completed=True)
+        if extra_prompt_tokens:
+            assert model.correction == 1.0, "its steps were longer by the prompts they took in"
+    assert model.correction == pytest.approx(1.5, rel=0.05)
+
+
 async def test_a_long_request_is_planned_at_the_batch_arrivals_keep_running_not_a_limit_never_reached() -> (
     None
 ):

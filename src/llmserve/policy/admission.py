@@ -65,6 +65,7 @@ class Ticket:
     queued: bool = False  # waited for room: its outcome steers the headroom
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
     planned_batch: int = 0  # the batch that prediction was made at
+    planned_prompt_tokens: float = 0.0  # and the prompt tokens it planned each step to take in
     steps_mark: StepsMark | None = None  # the engine's steps so far, when it was admitted
     # When admission decided on it: its predicted wait for room (a queued request's), and its
     # predicted time from arrival to release, wait and service (corrected); None: none was made.
@@ -92,23 +93,37 @@ class Ticket:
 class StepsMark:
     steps: int
     batch_sum: int
+    prompt_sum: int  # prompt tokens the steps took in
 
 
-class BatchHistory:
-    """The batches of the engine's steps: the mean batch a request really ran with."""
+@dataclass(frozen=True)
+class RanWith:
+    """What the engine's steps were like over part of a request's life, on average."""
+
+    batch: float
+    prompt_tokens: float  # taken in by a step
+
+
+class StepHistory:
+    """The engine's steps: the batch a request really ran with, and the prompts its steps took in."""
 
     def __init__(self) -> None:
-        self._now = StepsMark(0, 0)
+        self._now = StepsMark(0, 0, 0)
 
-    def step(self, batch: int) -> None:
-        self._now = StepsMark(self._now.steps + 1, self._now.batch_sum + batch)
+    def step(self, batch: int, prompt_tokens: int) -> None:
+        now = self._now
+        self._now = StepsMark(now.steps + 1, now.batch_sum + batch, now.prompt_sum + prompt_tokens)
 
     def mark(self) -> StepsMark:
         return self._now
 
-    def mean_since(self, mark: StepsMark) -> float | None:
+    def since(self, mark: StepsMark) -> RanWith | None:
         steps = self._now.steps - mark.steps
-        return (self._now.batch_sum - mark.batch_sum) / steps if steps > 0 else None
+        if steps <= 0:
+            return None
+        return RanWith(
+            (self._now.batch_sum - mark.batch_sum) / steps, (self._now.prompt_sum - mark.prompt_sum) / steps
+        )
 
 
 class Admission:
@@ -138,7 +153,7 @@ class Admission:
         self._waiting: FairQueue[Ticket] = FairQueue()
         self._waiting_prompt_tokens = 0  # of the queued tickets (each counts its prompts once)
         self._told_to_retry: list[float] = []  # when refused requests were told to come back
-        self._batches = BatchHistory()
+        self._steps = StepHistory()
         self._arrivals = ArrivalRate()  # of the requests admitted or queued (not probes)
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
@@ -151,7 +166,7 @@ class Admission:
         step times from these rather than from the gaps between relayed tokens."""
         batch = engine_running if engine_running is not None else self.running
         self.model.observe_engine_step(batch, seconds, prompt_tokens)
-        self._batches.step(batch)
+        self._steps.step(batch, prompt_tokens)
 
     @property
     def running(self) -> int:
@@ -349,23 +364,35 @@ class Admission:
         # refusing 30 % at half load.
         batch = self.planned_batch()  # at least those running, up to the batch the engine runs
         ticket.predicted_s = self._service_s(ticket, batch, corrected=False)
-        ticket.planned_batch, ticket.steps_mark = batch, self._batches.mark()
+        ticket.planned_batch, ticket.steps_mark = batch, self._steps.mark()
+        inflow = self._step_inflow(ticket, batch, corrected=False)
+        ticket.planned_prompt_tokens = self.model.step_prompt_tokens(batch, inflow)
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
 
     def _ran_as_planned(self, ticket: Ticket) -> bool:
-        """Whether a finished request ran at about the batch its prediction was made at (where the
-        engine times its steps; else taken as so). One that ran lighter, below the batch limit or
-        in a drain, says nothing of the full batch: learned from, it made the correction halve
-        predictions at light load and lower them after each drain, just before the next load.
-        One that ran heavier says nothing of its planned batch either: the first requests of a
-        load, planned at the few arrivals so far and then joined by the rest, took 1.7-2.3x their
-        prediction, set the correction at 1.7, and the queue refused its heads after waiting."""
-        mean_batch = None if ticket.steps_mark is None else self._batches.mean_since(ticket.steps_mark)
-        if mean_batch is None:
+        """Whether a finished request ran at about the batch its prediction was made at, its steps
+        taking in about the prompts planned (where the engine times its steps; else taken as so).
+        One that ran lighter, below the batch limit or in a drain, says nothing of the full batch:
+        learned from, it made the correction halve predictions at light load and lower them after
+        each drain, just before the next load. One that ran heavier says nothing of its planned
+        batch either: the first requests of a load, planned at the few arrivals so far and then
+        joined by the rest, took 1.7-2.3x their prediction, set the correction at 1.7, and the
+        queue refused its heads after waiting. Nor does one whose steps took in more prompts than
+        planned: as a load filled the engine, its first requests' steps took in the fill's prompts,
+        twice the turnover planned (steps 30 % longer), and set the correction at 1.36 and the tail
+        at 1.3 for the next seconds, refusing long requests the engine served in time."""
+        ran = None if ticket.steps_mark is None else self._steps.since(ticket.steps_mark)
+        if ran is None:
             return True
-        return RAN_AS_PLANNED * ticket.planned_batch <= mean_batch <= ticket.planned_batch / RAN_AS_PLANNED
+        planned = ticket.planned_batch
+        if not RAN_AS_PLANNED * planned <= ran.batch <= planned / RAN_AS_PLANNED:
+            return False
+        model = self.model
+        planned_step = model.step_with_prompts_s(planned, ticket.planned_prompt_tokens, corrected=False)
+        step = model.step_with_prompts_s(planned, ran.prompt_tokens, corrected=False)
+        return RAN_AS_PLANNED * planned_step <= step <= planned_step / RAN_AS_PLANNED
 
     def _leave(self, ticket: Ticket) -> None:
         self._waiting.remove(ticket)
@@ -410,12 +437,17 @@ class Admission:
         """Its time in the engine at `batch`, its steps taking in no more prompts than the queue
         and the arrivals bring over that time. `slow`: as a slow request of the same prediction
         takes it (the model's tail), what a request that waited plans on: see `_too_late`."""
-        model, tokens = self.model, ticket.expected_tokens
-        service_s = turning_over_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
-        inflow = self._inflow(turning_over_s, tokens, ticket)
-        if inflow is not None:
-            service_s = model.service_s(ticket.prompt_tokens, tokens, batch, corrected, inflow)
+        model = self.model
+        inflow = self._step_inflow(ticket, batch, corrected)
+        service_s = model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected, inflow)
         return service_s * model.tail if slow else service_s
+
+    def _step_inflow(self, ticket: Ticket, batch: int, corrected: bool) -> float | None:
+        """The most prompt tokens a step of `ticket`'s time in the engine at `batch` can take in:
+        see `_inflow`."""
+        tokens = ticket.expected_tokens
+        turning_over_s = self.model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
+        return self._inflow(turning_over_s, tokens, ticket)
 
     def _inflow(self, seconds: float, steps: int, ticket: Ticket | None = None) -> float | None:
         """The prompt tokens a step can take in over the next `seconds` (`steps` steps): those

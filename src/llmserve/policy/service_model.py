@@ -194,14 +194,20 @@ class ServiceModel:
         """One step at `batch`, as requests see it (corrected by what they really took).
         `inflow`: the prompt tokens a step can take in at most, where fewer are coming than a
         batch turning over takes (the queue and the arrivals run dry: a burst's drain)."""
+        return self.step_with_prompts_s(batch, self.step_prompt_tokens(batch, inflow), corrected)
+
+    def step_prompt_tokens(self, batch: int, inflow: float | None = None) -> float:
+        """The prompt tokens `step_s` plans a step at `batch` to take in."""
+        turning_over = self.typical.prompt_tokens_per_step(max(1, batch))
+        prompt_tokens = max(self._usual_step_prompt_tokens, turning_over)
+        return prompt_tokens if inflow is None else min(prompt_tokens, inflow)
+
+    def step_with_prompts_s(self, batch: int, prompt_tokens: float, corrected: bool = True) -> float:
+        """One step at `batch` that takes in `prompt_tokens`."""
         if not self._fitted:
             self._fit()
-        batch = max(1, batch)
-        prompt_tokens = max(self._usual_step_prompt_tokens, self.typical.prompt_tokens_per_step(batch))
-        if inflow is not None:
-            prompt_tokens = min(prompt_tokens, inflow)
         prompt_s = self._per_step_prompt_token * prompt_tokens
-        return (self._base + self._per_sequence * batch + prompt_s) * self._factor(corrected)
+        return (self._base + self._per_sequence * max(1, batch) + prompt_s) * self._factor(corrected)
 
     def prefill_s(self, prompt_tokens: int, corrected: bool = True) -> float:
         if not self._fitted:
