@@ -307,7 +307,7 @@ class Admission:
         wait_until = -math.inf
         try:
             while not ticket.admitted.done():
-                now, budget = self._clock(), self._wait_budget_s(ticket, slow=False)
+                now, budget = self._clock(), self._wait_budget_s(ticket)
                 if now + budget < wait_until + MIN_WAIT_S:
                     self._leave(ticket)
                     raise self._refuse(
@@ -436,8 +436,7 @@ class Admission:
     def _service_s(self, ticket: Ticket, batch: int, corrected: bool = True, slow: bool = False) -> float:
         """Its time in the engine at `batch`, its steps taking in no more prompts than the queue
         and the arrivals bring over that time. `slow`: as a slow request of the same prediction
-        takes it (the model's tail), what the door plans a queued request's wait on: see
-        `_wait_budget_s`."""
+        takes it (the model's tail), what a request that waited plans on: see `_too_late`."""
         model = self.model
         inflow = self._step_inflow(ticket, batch, corrected)
         service_s = model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected, inflow)
@@ -501,15 +500,15 @@ class Admission:
         return min(limit, math.ceil(self.config.ready_steps * turnover))
 
     def _too_late(self, ticket: Ticket, now: float, limit: int) -> bool:
-        """Whether it would miss its deadline at `limit`, at the median service: a request that
-        can run at once, so that a long one is not refused at light load, and one that waited,
-        whose wait the door planned with the margin of a slow service (`_wait_budget_s`). Held to
-        that margin once queued as well, the requests at the queue's head were refused after
-        seconds of waiting whenever the model grew more cautious while they waited (at a load's
-        start the correction and the tail rise with its first finishers): 31 slow refusals in
-        two partial runs, against 12 held to the median, with as many late answers (9 and 8)."""
+        """Whether it would miss its deadline at `limit`. A request that waited plans on a slow
+        service (the model's tail), as its wait budget did: it is admitted from the queue only
+        with that margin, or refused. Planned on the median, queued requests reached the engine
+        with little time left and a tenth of them took 1.2-1.3x their prediction: at 4x load up
+        to 23 came late, most of them queued at a load's start. Under overload, what such a
+        request leaves is taken by another with time to spare; a request that can run at once
+        plans on the median, so that a long one is not refused at light load."""
         deadline = ticket.deadline_at
-        return deadline is not None and now + self._service_s(ticket, limit) > deadline
+        return deadline is not None and now + self._service_s(ticket, limit, slow=ticket.queued) > deadline
 
     def batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
@@ -608,17 +607,13 @@ class Admission:
             typical_s=self.model.typical_service_s(limit),
         )
 
-    def _wait_budget_s(self, ticket: Ticket, slow: bool = True) -> float:
+    def _wait_budget_s(self, ticket: Ticket) -> float:
         """How long it may wait: until it would miss its e2e deadline or its TTFT target, else
-        until queue_timeout_s. `slow`: leaving time for a slow service (the model's tail), as
-        the door promises a place in the queue; else for the median, as a queued request is
-        held to (`_too_late`). Planned on the median at the door too, queued requests reached
-        the engine with little time left and a tenth of them took 1.2-1.3x their prediction: at
-        4x load up to 23 came late, most of them queued at a load's start."""
+        until queue_timeout_s."""
         now, limit = self._clock(), self.planned_batch()
         budgets = []
         if ticket.deadline_at is not None:
-            budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit, slow=slow))
+            budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit, slow=True))
         if self.slo.ttft_s is not None:
             first_token_s = self.model.prefill_s(ticket.prompt_tokens) + self.model.step_s(limit)
             budgets.append(ticket.arrived_at - ticket.read_delay_s + self.slo.ttft_s - now - first_token_s)
