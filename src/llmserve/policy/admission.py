@@ -363,10 +363,12 @@ class Admission:
         # a request's time) became a factor on every prediction: x3 on the simulated H200,
         # refusing 30 % at half load.
         batch = self.planned_batch()  # at least those running, up to the batch the engine runs
-        ticket.predicted_s = self._service_s(ticket, batch, corrected=False)
-        ticket.planned_batch, ticket.steps_mark = batch, self._steps.mark()
+        # `_service_s` uncorrected, its inflow kept: the prompt tokens its steps are planned to take in.
         inflow = self._step_inflow(ticket, batch, corrected=False)
-        ticket.planned_prompt_tokens = self.model.step_prompt_tokens(batch, inflow)
+        model, tokens = self.model, ticket.expected_tokens
+        ticket.predicted_s = model.service_s(ticket.prompt_tokens, tokens, batch, False, inflow)
+        ticket.planned_prompt_tokens = model.step_prompt_tokens(batch, inflow)
+        ticket.planned_batch, ticket.steps_mark = batch, self._steps.mark()
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
