@@ -447,6 +447,8 @@ class Admission:
     def _step_inflow(self, ticket: Ticket, batch: int, corrected: bool) -> float | None:
         """The most prompt tokens a step of `ticket`'s time in the engine at `batch` can take in:
         see `_inflow`."""
+        if self._in_group:  # no inflow is known: not worth the service time it is found over
+            return None
         tokens = ticket.expected_tokens
         turning_over_s = self.model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
         return self._inflow(turning_over_s, tokens, ticket)
