@@ -75,6 +75,12 @@ class AdmissionConfig(_Section):
     queue_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest a request without an e2e target may wait."
     )
+    max_queue_wait_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Refuse at once a request whose forecast wait is longer, whatever its targets "
+        "allow; unset: as long as they allow. Fewer refusals after waiting, a smaller burst absorbed.",
+    )
     max_prompt_tokens: int | None = Field(
         default=None, ge=1, description="Longer prompts get 400 prompt_too_long (unset: the context)."
     )

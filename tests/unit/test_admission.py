@@ -622,6 +622,22 @@ async def test_the_headroom_decides_how_long_a_wait_the_queue_takes_on() -> None
     assert refused.value.rejection == "overloaded"
 
 
+async def test_with_max_queue_wait_s_the_door_queues_no_request_for_a_longer_wait() -> None:
+    """Whatever its target allows: refused at once, told to come back when its wait would fit."""
+    clock = FakeClock()
+    queue = admission(clock, max_in_flight=1, max_waiting=10, queue_timeout_s=4.0, max_queue_wait_s=2.0)
+    blocker = await run(queue, max_tokens=15)  # 1.65 s to go
+    queue.check(queue.ticket(1, 10, 10))  # 1.65 s: within the cap and the 4 s the queue deadline leaves
+    queue.release(blocker, completed=False)
+    await run(queue, max_tokens=30)  # 3.3 s to go
+    with pytest.raises(
+        OverloadedError, match=r"wait about 3\.3 s, longer than the queue takes on \(2 s\)"
+    ) as refused:
+        queue.check(queue.ticket(1, 10, 10))
+    assert refused.value.rejection == "overloaded"  # at the door, in milliseconds
+    assert refused.value.retry_after_s == 2  # then 2 s or less to wait: 3.3 s - 2 s, rounded up
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     base_ms=st.floats(1, 200),

@@ -241,8 +241,14 @@ class Admission:
             raise self._refuse(ticket, "The server is at capacity: too many prompt tokens are waiting.")
         forecast, budget = self._forecast(ticket), self._wait_budget_s(ticket)
         wait = ticket.forecast_wait_s = forecast.wait_s()
-        if self.config.shed_by_estimate and wait > self.headroom.share * budget:
-            if budget > 0:
+        if self.config.shed_by_estimate and wait > self._allowed_wait_s(budget):
+            cap = self.config.max_queue_wait_s
+            if cap is not None and wait > cap and budget > 0:
+                message = (
+                    f"The server is overloaded: this request would wait about {wait:.1f} s, "
+                    f"longer than the queue takes on ({cap:g} s)."
+                )
+            elif budget > 0:
                 message = (
                     f"The server is overloaded: this request would wait about {wait:.1f} s, "
                     f"{self._budget_reason(ticket)} leaves {budget:.1f} s."
@@ -625,6 +631,16 @@ class Admission:
             budgets.append(self.config.queue_timeout_s - (now - ticket.arrived_at))
         return min(budgets)
 
+    def _allowed_wait_s(self, budget_s: float) -> float:
+        """The longest forecast wait the door queues a request for: the headroom's share of its
+        budget, and at most `admission.max_queue_wait_s`. A queue that stands seconds deep exposes
+        each request in it to the model's moves while it waits (a load's ramp raises every
+        prediction at once), and the ones left without time are refused after waiting, seconds
+        late; capped, more are refused at the door, in milliseconds, and fewer of a burst wait."""
+        allowed = self.headroom.share * budget_s
+        cap = self.config.max_queue_wait_s
+        return allowed if cap is None else min(allowed, cap)
+
     def _budget_reason(self, ticket: Ticket) -> str:
         if ticket.deadline_at is None and self.slo.ttft_s is None:
             return "the queue deadline"
@@ -656,7 +672,7 @@ class Admission:
         beyond_room = position - self.config.max_waiting  # places ahead beyond the waiting room's
         room_at = forecast.wait_s(beyond_room) if beyond_room >= 0 else 0.0
         budget_s = self._wait_budget_s(ticket) if budget_s is None else budget_s
-        allowed = self.headroom.share * max(0.0, budget_s)
+        allowed = self._allowed_wait_s(max(0.0, budget_s))
         retry_after = _seconds(max(room_at, admitted_at - allowed))
         bisect.insort(self._told_to_retry, now + retry_after)
         return OverloadedError(message, retry_after, after_waiting)
