@@ -84,6 +84,8 @@ class Row:
     # llmserve's admitted requests the engine finished after their e2e deadline (run at once,
     # queued), and those admitted without one (best effort)
     missed_deadlines: tuple[int, int, int] | None = None
+    # llmserve's queued requests admitted on the late-answer budget: (admitted, late)
+    admitted_at_risk: tuple[int, int] | None = None
     false_refusals: int | None = None
 
 
@@ -211,6 +213,16 @@ def missed_deadlines(before: Scrape | None, after: Scrape | None) -> tuple[int, 
     )
 
 
+def admitted_at_risk(before: Scrape | None, after: Scrape | None) -> tuple[int, int] | None:
+    """llmserve's queued requests admitted on the late-answer budget between the scrapes, and how
+    many of them the engine finished late; None where none were counted (not llmserve, or a
+    version without the budget)."""
+    name = "llmserve_admission_admitted_at_risk_total"
+    if before is None or after is None or not after.has(name):
+        return None
+    return round(delta(after, before, name)), round(delta(after, before, name, outcome="missed"))
+
+
 def rejections(before: Scrape | None, after: Scrape | None, reason: str) -> int | None:
     """llmserve's count of refusals for `reason` between the scrapes (None: not llmserve)."""
     if before is None or after is None or not after.has("llmserve_requests_total"):
@@ -252,6 +264,7 @@ def row(
         queued_prediction_p50=queued_prediction_p50(before, after),
         queued_wait_p50=queued_wait_p50(before, after),
         missed_deadlines=missed_deadlines(before, after),
+        admitted_at_risk=admitted_at_risk(before, after),
     )
 
 
@@ -364,7 +377,7 @@ def table(rows: list[Row]) -> str:
         "throughput req/s | admitted p50 s | admitted p99 s | 429 p99 client ms | 429 p99 server ms | "
         "429 at arrival p99 server ms | 429 after waiting | 429 front end | false 429 | "
         "queued p50: took / predicted; waited / forecast | "
-        "late by the engine: at once / queued; best effort |",
+        "late by the engine: at once / queued (at risk: late of admitted); best effort |",
         "| --- | --- " + "| ---: " * 18 + "|",
     ]
     for r in rows:
@@ -380,7 +393,11 @@ def table(rows: list[Row]) -> str:
         late = "n/a"
         if r.missed_deadlines is not None:
             at_once, queued, best_effort = r.missed_deadlines
-            late = f"{at_once} / {queued}; {best_effort}"
+            risk = ""
+            if r.admitted_at_risk is not None:
+                admitted, missed = r.admitted_at_risk
+                risk = f" ({missed} of {admitted})"
+            late = f"{at_once} / {queued}{risk}; {best_effort}"
         lines.append(
             f"| {r.server} | {r.load} | {r.offered_rps:.1f} | {r.offered} | {r.ok} | {r.good} | "
             f"{r.refused} | "

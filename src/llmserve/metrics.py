@@ -202,6 +202,15 @@ class GatewayMetrics:
             ["model", "decision", "outcome"],
             registry=self.registry,
         )
+        self.admitted_at_risk = Counter(
+            "llmserve_admission_admitted_at_risk_total",
+            "Completed queued requests admitted on the late-answer budget (time left for their "
+            "median service, not for a slow one: refused after waiting otherwise), by whether the "
+            "engine finished them by their e2e deadline (outcome: met or missed). Also counted in "
+            "llmserve_admission_deadline_outcomes_total as queued.",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
         self.predicted_step = Gauge(
             "llmserve_admission_predicted_step_seconds",
             "Admission's prediction of one engine step (a token for every running sequence), by batch size.",
@@ -287,6 +296,8 @@ class GatewayMetrics:
             self.prediction_ratio.labels(model, decision)
             for outcome in DEADLINE_OUTCOMES:
                 self.deadline_outcomes.labels(model, decision, outcome)
+        for outcome in DEADLINE_OUTCOMES[:2]:
+            self.admitted_at_risk.labels(model, outcome)
 
     def watch_service_model(
         self,
@@ -440,6 +451,7 @@ class RequestObservation:
         actual_s: float,
         met_deadline: bool | None,
         wait: tuple[float, float] | None = None,
+        at_risk: bool = False,
     ) -> None:
         decision = "queued" if queued else "run_at_once"
         if predicted_s > 0:
@@ -449,6 +461,8 @@ class RequestObservation:
             self.metrics.wait_forecast_ratio.labels(self.metrics.model).observe(waited_s / forecast_s)
         outcome = "best_effort" if met_deadline is None else "met" if met_deadline else "missed"
         self.metrics.deadline_outcomes.labels(self.metrics.model, decision, outcome).inc()
+        if at_risk and met_deadline is not None:
+            self.metrics.admitted_at_risk.labels(self.metrics.model, outcome).inc()
 
     def on_rejected(self, reason: str) -> None:
         self.failed = True

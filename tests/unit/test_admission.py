@@ -21,6 +21,7 @@ from llmserve.engine.base import SamplingSpec, TokenizedPrompt
 from llmserve.errors import OverloadedError
 from llmserve.policy.admission import Admission, Ticket
 from llmserve.policy.headroom import START_SHARE
+from llmserve.policy.late_budget import LateBudget
 from llmserve.policy.permits import Cost
 from llmserve.policy.service_model import ServiceModel
 from llmserve.serving.generation import PlannedPrompt, cost_of
@@ -482,7 +483,7 @@ async def test_a_queued_request_whose_wait_runs_out_waits_on_while_it_still_has_
     queue = admission(queue_timeout_s=5, shed_by_estimate=False)
     running = await run(queue, sequences=2)
     time_left_s = 0.05
-    monkeypatch.setattr(queue, "_wait_budget_s", lambda ticket: time_left_s)
+    monkeypatch.setattr(queue, "_wait_budget_s", lambda ticket, slow=True: time_left_s)
     waiter = asyncio.create_task(run(queue))
     await asyncio.sleep(0.01)
     time_left_s = 0.5  # the queue ahead drained: the engine will serve it faster
@@ -1050,3 +1051,54 @@ async def test_a_refusal_over_http_is_answered_without_a_turn_of_the_event_loop(
             app(scope, receive, send).send(None)  # type: ignore[arg-type]
         assert sent[0]["status"] == 429
         await running
+
+
+async def test_while_few_answers_came_late_a_queued_request_short_of_a_slow_service_runs_at_risk() -> None:
+    """The e2e target is a 99th percentile: while fewer than 1 in 100 of the recent admitted
+    requests came late, a queued request with time left for its median service (not a slow one)
+    is admitted at risk rather than refused seconds after it arrived, one for each
+    late answer the budget allows."""
+    clock = FakeClock()
+    queue = admission(clock, slo=SloConfig(e2e_s=2.5), model=model_with_a_slow_tenth(1.2), max_in_flight=2)
+    for _ in range(100):  # admitted requests answered in time: a budget of one late answer
+        queue.late_budget.finished(late=False, at_risk=False)
+    await run(queue, max_tokens=30)
+    short = await run(queue, max_tokens=5)  # 0.6 s to go
+    waiter = queue.ticket(1, 10, 10)  # 1.2 s, 1.44 s if slow: queued, 1.9 s left after its wait
+    assert not queue.admit_now(waiter)
+    clock.now += 1.2  # the short one took twice as long: 1.3 s left, enough for the median alone
+    queue.release(short, completed=True)
+    await queue.wait_for_room(waiter)  # refused after waiting without the budget (test above)
+    assert waiter.at_risk
+    assert not queue.late_budget.has_room(), "the one late answer is taken"
+    assert queue.headroom.missed == 1, "the queue's promise is broken, as by a refusal: learned at once"
+    clock.now += 1.2
+    queue.release(waiter, completed=True)  # in time after all: the budget is whole again
+    assert queue.late_budget.has_room()
+    assert (queue.headroom.met, queue.headroom.missed) == (0, 1), "its outcome is not learned twice"
+
+
+def test_the_late_answer_budget_is_a_hundredth_of_the_latest_admitted_less_the_late_and_those_at_risk() -> (
+    None
+):
+    budget = LateBudget()
+    for _ in range(99):
+        budget.finished(late=False, at_risk=False)
+    assert not budget.has_room(), "too few seen to count on"
+    budget.finished(late=False, at_risk=False)
+    assert budget.has_room()
+    budget.take()
+    assert not budget.has_room(), "the one late answer in 100 is taken by the request at risk"
+    budget.finished(late=True, at_risk=True)
+    assert not budget.has_room(), "it came late: 1 in 101"
+    for _ in range(99):
+        budget.finished(late=False, at_risk=False)
+    assert budget.has_room(), "1 late in 200: room for one more"
+    for _ in range(500):
+        budget.finished(late=False, at_risk=False)
+    assert budget.has_room()
+    for _ in range(5):
+        budget.finished(late=True, at_risk=False)
+    assert not budget.has_room(), "5 late in the latest 500"
+    budget.finished(late=None, at_risk=False)  # cancelled, or without a deadline: not counted
+    assert not budget.has_room()

@@ -8,6 +8,7 @@ import pytest
 from loadtest.bench_driver import RequestResult, percentile, summarise
 from loadtest.engine_bench import derive
 from loadtest.goodput_bench import (
+    admitted_at_risk,
     capacity_drift,
     missed_deadlines,
     queued_prediction_p50,
@@ -201,3 +202,13 @@ def test_the_overload_bench_counts_late_answers_by_how_admission_let_them_in() -
     assert missed_deadlines(scrape(10, 1, 2, 0), scrape(10, 1, 2, 0)) is None, "none admitted"
     vllm = Scrape.parse("vllm:num_requests_running 0\n")
     assert missed_deadlines(vllm, vllm) is None
+
+
+def test_the_overload_bench_counts_queued_requests_admitted_on_the_late_answer_budget() -> None:
+    def scrape(met: int, missed: int) -> Scrape:
+        at_risk = "llmserve_admission_admitted_at_risk_total"
+        return Scrape.parse(f'{at_risk}{{outcome="met"}} {met}\n{at_risk}{{outcome="missed"}} {missed}\n')
+
+    assert admitted_at_risk(scrape(3, 1), scrape(8, 2)) == (6, 1), "admitted, late: this load only"
+    vllm = Scrape.parse("vllm:num_requests_running 0\n")
+    assert admitted_at_risk(vllm, vllm) is None

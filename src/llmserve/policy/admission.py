@@ -30,6 +30,7 @@ from llmserve.errors import FrontEndOverloadedError, OverloadedError
 from llmserve.policy.arrival_rate import ArrivalRate
 from llmserve.policy.fair_queue import FairQueue
 from llmserve.policy.headroom import Headroom
+from llmserve.policy.late_budget import LateBudget
 from llmserve.policy.loop_lag import EventLoopLag
 from llmserve.policy.service_model import ServiceModel
 from llmserve.policy.shared_state import EngineLoad
@@ -63,6 +64,7 @@ class Ticket:
     deadline_at: float | None = None  # None: no e2e promise (none configured, or not even alone)
     admitted_at: float | None = None
     queued: bool = False  # waited for room: its outcome steers the headroom
+    at_risk: bool = False  # admitted from the queue on the late-answer budget (policy/late_budget.py)
     predicted_s: float = 0.0  # its time in the engine, as the model (uncorrected) predicted it
     planned_batch: int = 0  # the batch that prediction was made at
     planned_prompt_tokens: float = 0.0  # and the prompt tokens it planned each step to take in
@@ -157,6 +159,7 @@ class Admission:
         self._arrivals = ArrivalRate()  # of the requests admitted or queued (not probes)
         # A request waits only if its predicted wait is within this share of the time it has.
         self.headroom = Headroom(clock=clock)
+        self.late_budget = LateBudget()
         self.loop_lag = EventLoopLag()
         self._max_loop_lag_s = config.max_loop_lag_s or (slo.e2e_s / 10 if slo.e2e_s else None)
         self._batch_limit: tuple[tuple[object, ...], int] | None = None  # (what it was found for, it)
@@ -313,7 +316,7 @@ class Admission:
         wait_until = -math.inf
         try:
             while not ticket.admitted.done():
-                now, budget = self._clock(), self._wait_budget_s(ticket)
+                now, budget = self._clock(), self._wait_budget_s(ticket, slow=not self.late_budget.has_room())
                 if now + budget < wait_until + MIN_WAIT_S:
                     self._leave(ticket)
                     raise self._refuse(
@@ -349,15 +352,16 @@ class Admission:
         if ticket in self._running:
             self._running.discard(ticket)
             self._load.give_back(ticket.sequences, ticket.kv_tokens)
+            late = None
             if completed and ticket.admitted_at is not None:
                 now = ticket.finished_at = self._clock()
+                late = None if ticket.deadline_at is None else now > ticket.deadline_at
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 if self._ran_as_planned(ticket):
                     self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
-                if ticket.queued:  # without an e2e deadline, being admitted in time was the promise
-                    self.headroom.observe(
-                        ticket.deadline_at is None or now <= ticket.deadline_at, queued_at=ticket.arrived_at
-                    )
+                if ticket.queued and not ticket.at_risk:  # without an e2e deadline: admitted in time
+                    self.headroom.observe(not late, queued_at=ticket.arrived_at)
+            self.late_budget.finished(late, ticket.at_risk)
         self._admit_waiters()
 
     def _start(self, ticket: Ticket) -> None:
@@ -375,6 +379,16 @@ class Admission:
         ticket.predicted_s = model.service_s(ticket.prompt_tokens, tokens, batch, False, inflow)
         ticket.planned_prompt_tokens = model.step_prompt_tokens(batch, inflow)
         ticket.planned_batch, ticket.steps_mark = batch, self._steps.mark()
+        if ticket.queued and ticket.deadline_at is not None:  # admitted with no time for a slow service
+            slow_s = ticket.predicted_s * model.correction * model.tail
+            ticket.at_risk = ticket.admitted_at + slow_s > ticket.deadline_at
+            if ticket.at_risk:
+                self.late_budget.take()
+                # The queue's promise, time for a slow service, is broken as a refusal would have
+                # broken it: the headroom learns the miss now. Learned only once the request came
+                # late or not, a load's first misses cut the share seconds later, and meanwhile the
+                # door queued more of its start (at 3x 27 refused after waiting in three runs, not 14).
+                self.headroom.observe(met_target=False, queued_at=ticket.arrived_at)
         self._running.add(ticket)
         if not ticket.admitted.done():
             ticket.admitted.set_result(None)
@@ -516,9 +530,13 @@ class Admission:
         with little time left and a tenth of them took 1.2-1.3x their prediction: at 4x load up
         to 23 came late, most of them queued at a load's start. Under overload, what such a
         request leaves is taken by another with time to spare; a request that can run at once
-        plans on the median, so that a long one is not refused at light load."""
+        plans on the median, so that a long one is not refused at light load. So does a queued
+        request while the late-answer budget has room: admitted at risk, not refused seconds late."""
         deadline = ticket.deadline_at
-        return deadline is not None and now + self._service_s(ticket, limit, slow=ticket.queued) > deadline
+        if deadline is None:
+            return False
+        slow = ticket.queued and not self.late_budget.has_room()
+        return now + self._service_s(ticket, limit, slow=slow) > deadline
 
     def batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
@@ -617,13 +635,13 @@ class Admission:
             typical_s=self.model.typical_service_s(limit),
         )
 
-    def _wait_budget_s(self, ticket: Ticket) -> float:
-        """How long it may wait: until it would miss its e2e deadline or its TTFT target, else
-        until queue_timeout_s."""
+    def _wait_budget_s(self, ticket: Ticket, slow: bool = True) -> float:
+        """How long it may wait: until it would miss its e2e deadline (`slow`: served as slowly
+        as the model's tail) or its TTFT target, else until queue_timeout_s."""
         now, limit = self._clock(), self.planned_batch()
         budgets = []
         if ticket.deadline_at is not None:
-            budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit, slow=True))
+            budgets.append(ticket.deadline_at - now - self._service_s(ticket, limit, slow=slow))
         if self.slo.ttft_s is not None:
             first_token_s = self.model.prefill_s(ticket.prompt_tokens) + self.model.step_s(limit)
             budgets.append(ticket.arrived_at - ticket.read_delay_s + self.slo.ttft_s - now - first_token_s)

@@ -61,8 +61,10 @@ class Usage(Protocol):
         actual_s: float,
         met_deadline: bool | None,
         wait: tuple[float, float] | None = None,
+        at_risk: bool = False,
     ) -> None:
-        """`wait`: a queued request's (forecast, real) wait for admission, in seconds."""
+        """`wait`: a queued request's (forecast, real) wait for admission, in seconds; `at_risk`:
+        admitted on the late-answer budget (policy/late_budget.py)."""
         ...
 
 
@@ -255,7 +257,9 @@ class Permit:
                 wait = None
                 if ticket.forecast_wait_s is not None and ticket.queued and ticket.admitted_at is not None:
                     wait = (ticket.forecast_wait_s, ticket.admitted_at - ticket.arrived_at)
-                self._usage.on_admission_outcome(ticket.queued, ticket.predicted_e2e_s, actual_s, met, wait)
+                self._usage.on_admission_outcome(
+                    ticket.queued, ticket.predicted_e2e_s, actual_s, met, wait, ticket.at_risk
+                )
         elif self._waiting is not None:  # queued, and cancelled before it could wait
             self._admission.withdraw(self._waiting)
         if self._key is not None:
