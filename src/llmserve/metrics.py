@@ -296,7 +296,7 @@ class GatewayMetrics:
             self.prediction_ratio.labels(model, decision)
             for outcome in DEADLINE_OUTCOMES:
                 self.deadline_outcomes.labels(model, decision, outcome)
-        for outcome in DEADLINE_OUTCOMES[:2]:
+        for outcome in ("met", "missed"):  # an at-risk request always had a deadline
             self.admitted_at_risk.labels(model, outcome)
 
     def watch_service_model(

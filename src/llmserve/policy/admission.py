@@ -316,7 +316,7 @@ class Admission:
         wait_until = -math.inf
         try:
             while not ticket.admitted.done():
-                now, budget = self._clock(), self._wait_budget_s(ticket, slow=not self.late_budget.has_room())
+                now, budget = self._clock(), self._wait_budget_s(ticket, slow=self._plans_on_tail(ticket))
                 if now + budget < wait_until + MIN_WAIT_S:
                     self._leave(ticket)
                     raise self._refuse(
@@ -535,8 +535,11 @@ class Admission:
         deadline = ticket.deadline_at
         if deadline is None:
             return False
-        slow = ticket.queued and not self.late_budget.has_room()
-        return now + self._service_s(ticket, limit, slow=slow) > deadline
+        return now + self._service_s(ticket, limit, slow=self._plans_on_tail(ticket)) > deadline
+
+    def _plans_on_tail(self, ticket: Ticket) -> bool:
+        """Whether it needs time for a slow service: queued, and the late-answer budget spent."""
+        return ticket.queued and not self.late_budget.has_room()
 
     def batch_limit(self) -> int:
         """The largest batch at which a typical request of the current traffic meets the targets:
