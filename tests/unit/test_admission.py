@@ -1056,8 +1056,8 @@ async def test_a_refusal_over_http_is_answered_without_a_turn_of_the_event_loop(
 async def test_while_few_answers_came_late_a_queued_request_short_of_a_slow_service_runs_at_risk() -> None:
     """The e2e target is a 99th percentile: while fewer than 1 in 100 of the recent admitted
     requests came late, a queued request with time left for its median service (not a slow one)
-    is admitted at risk rather than refused seconds after it arrived, one for each
-    late answer the budget allows."""
+    is admitted at risk rather than refused seconds after it arrived, as many as the late answers
+    they are expected to make fit the budget."""
     clock = FakeClock()
     queue = admission(clock, slo=SloConfig(e2e_s=2.5), model=model_with_a_slow_tenth(1.2), max_in_flight=2)
     for _ in range(100):  # admitted requests answered in time: a budget of one late answer
@@ -1070,15 +1070,16 @@ async def test_while_few_answers_came_late_a_queued_request_short_of_a_slow_serv
     queue.release(short, completed=True)
     await queue.wait_for_room(waiter)  # refused after waiting without the budget (test above)
     assert waiter.at_risk
-    assert not queue.late_budget.has_room(), "the one late answer is taken"
+    assert queue.late_budget.at_risk == 1, "it counts against the budget until it finishes"
     assert queue.headroom.missed == 1, "the queue's promise is broken, as by a refusal: learned at once"
     clock.now += 1.2
-    queue.release(waiter, completed=True)  # in time after all: the budget is whole again
-    assert queue.late_budget.has_room()
+    queue.release(waiter, completed=True)  # in time after all
+    assert queue.late_budget.at_risk == 0
+    assert queue.late_budget.late_chance() == pytest.approx(1 / 3), "1 of 1 in time, with Laplace's prior"
     assert (queue.headroom.met, queue.headroom.missed) == (0, 1), "its outcome is not learned twice"
 
 
-def test_the_late_answer_budget_is_a_hundredth_of_the_latest_admitted_less_the_late_and_those_at_risk() -> (
+def test_the_late_answer_budget_is_a_hundredth_of_the_latest_admitted_less_the_late_and_those_expected() -> (
     None
 ):
     budget = LateBudget()
@@ -1088,10 +1089,13 @@ def test_the_late_answer_budget_is_a_hundredth_of_the_latest_admitted_less_the_l
     budget.finished(late=False, at_risk=False)
     assert budget.has_room()
     budget.take()
-    assert not budget.has_room(), "the one late answer in 100 is taken by the request at risk"
+    assert budget.has_room(), "before any at risk came out, each counts as half a late answer"
+    budget.take()
+    assert not budget.has_room(), "the one late answer in 100 is taken by the two at risk"
     budget.finished(late=True, at_risk=True)
-    assert not budget.has_room(), "it came late: 1 in 101"
-    for _ in range(99):
+    budget.finished(late=False, at_risk=True)
+    assert not budget.has_room(), "one came late: 1 in 102, and the next at risk as likely late as not"
+    for _ in range(98):
         budget.finished(late=False, at_risk=False)
     assert budget.has_room(), "1 late in 200: room for one more"
     for _ in range(500):
@@ -1102,3 +1106,28 @@ def test_the_late_answer_budget_is_a_hundredth_of_the_latest_admitted_less_the_l
     assert not budget.has_room(), "5 late in the latest 500"
     budget.finished(late=None, at_risk=False)  # cancelled, or without a deadline: not counted
     assert not budget.has_room()
+
+
+def test_requests_at_risk_count_by_the_chance_that_the_latest_of_them_came_late() -> None:
+    """Counted as late outright, four at a time filled the budget while most of them came in time."""
+
+    def budget_after(at_risk_outcomes: list[bool]) -> LateBudget:
+        budget = LateBudget()
+        for late in at_risk_outcomes:
+            budget.take()
+            budget.finished(late=late, at_risk=True)
+        for _ in range(500 - len(at_risk_outcomes)):
+            budget.finished(late=False, at_risk=False)
+        return budget
+
+    in_time = budget_after([False] * 8)
+    assert in_time.late_chance() == pytest.approx(0.1)
+    for _ in range(20):
+        in_time.take()
+    assert in_time.has_room(), "20 at risk are expected to make 2.1 late answers of the 5 allowed"
+    half_late = budget_after([True, False] * 2)
+    for _ in range(5):
+        half_late.take()
+    assert half_late.has_room(), "2 late in 500, and 5 at risk expected to make 2.5 more"
+    half_late.take()
+    assert not half_late.has_room()
