@@ -724,6 +724,23 @@ def test_the_batch_limit_and_typical_service_kept_between_requests_follow_everyt
             assert model.typical_service_s(batch) == model.service_s(prompt_tokens, tokens, batch)
 
 
+def test_the_model_taken_at_one_batch_predicts_a_service_as_its_steps_and_prefill_do() -> None:
+    """What a queue's forecast reads for every queued request, taken once: the same prefill and
+    steps the model predicts one by one (with and without the correction, whatever the inflow)."""
+    model = model_with_a_slow_tenth(1.2)
+    for batch, prompt_tokens in ((1, 0), (8, 120), (40, 30)):
+        model.observe_engine_step(batch, 0.1 + 0.01 * batch + 0.0004 * prompt_tokens, prompt_tokens)
+    for _ in range(30):
+        model.observe_service(1.0, 1.3)
+    assert model.correction == pytest.approx(1.3)
+    for batch in (1, 16, 64):
+        for corrected in (True, False):
+            line = model.at(batch, corrected)
+            for inflow in (None, 0.0, 5.0, 1e6):
+                by_steps = model.prefill_s(50, corrected) + 20 * model.step_s(batch, corrected, inflow)
+                assert line.service_s(50, 20, inflow) == pytest.approx(by_steps, rel=1e-12)
+
+
 async def test_a_request_that_cannot_meet_the_target_even_alone_is_served_best_effort() -> None:
     queue = admission(slo=SloConfig(e2e_s=1.0), max_in_flight=64)
     long = await run(queue, max_tokens=1000)

@@ -32,7 +32,7 @@ from llmserve.policy.fair_queue import FairQueue
 from llmserve.policy.headroom import Headroom
 from llmserve.policy.late_budget import LateBudget
 from llmserve.policy.loop_lag import EventLoopLag
-from llmserve.policy.service_model import ServiceModel
+from llmserve.policy.service_model import BatchLine, ServiceModel
 from llmserve.policy.shared_state import EngineLoad
 
 MAX_RETRY_AFTER_S = 60
@@ -374,7 +374,7 @@ class Admission:
         # refusing 30 % at half load.
         batch = self.planned_batch()  # at least those running, up to the batch the engine runs
         # `_service_s` uncorrected, its inflow kept: the prompt tokens its steps are planned to take in.
-        inflow = self._step_inflow(ticket, batch, corrected=False)
+        inflow = _step_inflow(self.model.at(batch, corrected=False), ticket, self._inflow())
         model, tokens = self.model, ticket.expected_tokens
         ticket.predicted_s = model.service_s(ticket.prompt_tokens, tokens, batch, False, inflow)
         ticket.planned_prompt_tokens = model.step_prompt_tokens(batch, inflow)
@@ -459,35 +459,33 @@ class Admission:
         """Its time in the engine at `batch`, its steps taking in no more prompts than the queue
         and the arrivals bring over that time. `slow`: as a slow request of the same prediction
         takes it (the model's tail), what a request that waited plans on: see `_too_late`."""
-        model = self.model
-        inflow = self._step_inflow(ticket, batch, corrected)
-        service_s = model.service_s(ticket.prompt_tokens, ticket.expected_tokens, batch, corrected, inflow)
-        return service_s * model.tail if slow else service_s
+        service_s = self._service_with(ticket, batch, corrected, self._inflow())
+        return service_s * self.model.tail if slow else service_s
 
-    def _step_inflow(self, ticket: Ticket, batch: int, corrected: bool) -> float | None:
-        """The most prompt tokens a step of `ticket`'s time in the engine at `batch` can take in:
-        see `_inflow`."""
-        if self._in_group:  # no inflow is known: not worth the service time it is found over
-            return None
-        tokens = ticket.expected_tokens
-        turning_over_s = self.model.service_s(ticket.prompt_tokens, tokens, batch, corrected)
-        return self._inflow(turning_over_s, tokens, ticket)
+    def _service_with(
+        self,
+        ticket: Ticket,
+        batch: int,
+        corrected: bool,
+        inflow: Inflow | None,
+        line: BatchLine | None = None,
+    ) -> float:
+        """`_service_s` with the inflow, and the model at `batch` (`line`), taken once for many
+        tickets: `_forecast` asks it for every queued one."""
+        line = line or self.model.at(batch, corrected)
+        per_step = _step_inflow(line, ticket, inflow)
+        return line.service_s(ticket.prompt_tokens, ticket.expected_tokens, per_step)
 
-    def _inflow(self, seconds: float, steps: int, ticket: Ticket | None = None) -> float | None:
-        """The prompt tokens a step can take in over the next `seconds` (`steps` steps): those
-        queued (not `ticket`'s own: its prefill is counted apart) and those arriving meanwhile at
-        the current rate. A burst's queue drains at the end: predicted at a batch that keeps
-        turning over, its last requests were planned at 2x the steps they ran (each step taking
-        in a typical request's prompt per 1/T of the batch), and 20 of 230 that would have made
-        the SLO were refused after waiting. None in a group of API processes: each sees only its
-        own queue and arrivals."""
+    def _inflow(self) -> Inflow | None:
+        """What the engine's steps can take in from now: the prompt tokens queued and those
+        arriving at the current rate. A burst's queue drains at the end: predicted at a batch that
+        keeps turning over, its last requests were planned at 2x the steps they ran (each step
+        taking in a typical request's prompt per 1/T of the batch), and 20 of 230 that would have
+        made the SLO were refused after waiting. None in a group of API processes: each sees only
+        its own queue and arrivals (and no inflow is worth the service time it is found over)."""
         if self._in_group:
             return None
-        queued = self._waiting_prompt_tokens
-        if ticket is not None and ticket.queued and not ticket.admitted.done():
-            queued -= ticket.prompt_tokens
-        arriving = self._arrival_rate() * seconds * self.model.typical.prompt_tokens
-        return (max(0, queued) + arriving) / max(1, steps)
+        return Inflow(self._waiting_prompt_tokens, self._arrival_rate() * self.model.typical.prompt_tokens)
 
     def _fits(self, ticket: Ticket, now: float) -> bool:
         """Room now: slots and KV for it within the batch limit, and time to finish by its
@@ -619,8 +617,13 @@ class Admission:
         now = self._clock()
         limit = max(self.batch_limit(), ticket.sequences)
         batch = max(1, min(self.running, limit))  # the engine runs no more: the rest are kept ready
-        inflow = self._inflow(self.model.typical_service_s(batch), self.model.typical.tokens)
-        step = self.model.step_s(batch, inflow=inflow)
+        inflow = self._inflow()
+        typical_inflow = (
+            None
+            if inflow is None
+            else inflow.per_step(self.model.typical_service_s(batch), self.model.typical.tokens)
+        )
+        step = self.model.step_s(batch, inflow=typical_inflow)
         # In a group this process sees only its own running tickets: each stands for its share
         # of the engine's batch (the others' run alike).
         own = sum(t.sequences for t in self._running)
@@ -628,13 +631,14 @@ class Admission:
         finishing = [(now + t.remaining_tokens(now, step) * step, t.sequences * share) for t in self._running]
         heapq.heapify(finishing)
         waiting = (t for t in self._waiting.ahead_of(ticket) if t is not ticket)
+        line = self.model.at(limit)
         return QueueForecast(
             now=now,
             limit=limit,
             running=self.running,
             sequences=ticket.sequences,
             finishing=finishing,
-            ahead=[(t.sequences, self._service_s(t, limit)) for t in waiting],
+            ahead=[(t.sequences, self._service_with(t, limit, True, inflow, line)) for t in waiting],
             typical_s=self.model.typical_service_s(limit),
         )
 
@@ -700,6 +704,18 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class Inflow:
+    """The prompt tokens the engine's steps can take in from now: queued, and arriving."""
+
+    queued_tokens: int
+    arriving_per_s: float
+
+    def per_step(self, seconds: float, steps: int, own_queued: int = 0) -> float:
+        """Per step over the next `seconds` (`steps` steps), less `own_queued` of those queued."""
+        return (max(0, self.queued_tokens - own_queued) + self.arriving_per_s * seconds) / max(1, steps)
+
+
+@dataclass(frozen=True)
 class QueueForecast:
     """When a ticket would be admitted: the running requests finish at their predicted times and
     those queued ahead of it take the freed slots first, each then running for its service time."""
@@ -741,6 +757,17 @@ class QueueForecast:
                 return time_now - self.now + beyond_s
             time_now, freed = heapq.heappop(finishing)
             running -= freed
+
+
+def _step_inflow(line: BatchLine, ticket: Ticket, inflow: Inflow | None) -> float | None:
+    """The most prompt tokens a step of `ticket`'s time in the engine (at `line`'s batch) can take
+    in: what `inflow` brings over its time turning over, less its own prompt if it is queued (its
+    prefill is counted apart)."""
+    if inflow is None:
+        return None
+    prompt_tokens, tokens = ticket.prompt_tokens, ticket.expected_tokens
+    own = prompt_tokens if ticket.queued and not ticket.admitted.done() else 0
+    return inflow.per_step(line.service_s(prompt_tokens, tokens), tokens, own)
 
 
 def _seconds(wait_s: float) -> int:
