@@ -374,9 +374,9 @@ class Admission:
         # refusing 30 % at half load.
         batch = self.planned_batch()  # at least those running, up to the batch the engine runs
         # `_service_s` uncorrected, its inflow kept: the prompt tokens its steps are planned to take in.
-        inflow = _step_inflow(self.model.at(batch, corrected=False), ticket, self._inflow())
-        model, tokens = self.model, ticket.expected_tokens
-        ticket.predicted_s = model.service_s(ticket.prompt_tokens, tokens, batch, False, inflow)
+        model, line = self.model, self.model.at(batch, corrected=False)
+        inflow = _step_inflow(line, ticket, self._inflow())
+        ticket.predicted_s = line.service_s(ticket.prompt_tokens, ticket.expected_tokens, inflow)
         ticket.planned_prompt_tokens = model.step_prompt_tokens(batch, inflow)
         ticket.planned_batch, ticket.steps_mark = batch, self._steps.mark()
         if ticket.queued and ticket.deadline_at is not None:  # admitted with no time for a slow service
@@ -459,22 +459,8 @@ class Admission:
         """Its time in the engine at `batch`, its steps taking in no more prompts than the queue
         and the arrivals bring over that time. `slow`: as a slow request of the same prediction
         takes it (the model's tail), what a request that waited plans on: see `_too_late`."""
-        service_s = self._service_with(ticket, batch, corrected, self._inflow())
+        service_s = _service_on(self.model.at(batch, corrected), ticket, self._inflow())
         return service_s * self.model.tail if slow else service_s
-
-    def _service_with(
-        self,
-        ticket: Ticket,
-        batch: int,
-        corrected: bool,
-        inflow: Inflow | None,
-        line: BatchLine | None = None,
-    ) -> float:
-        """`_service_s` with the inflow, and the model at `batch` (`line`), taken once for many
-        tickets: `_forecast` asks it for every queued one."""
-        line = line or self.model.at(batch, corrected)
-        per_step = _step_inflow(line, ticket, inflow)
-        return line.service_s(ticket.prompt_tokens, ticket.expected_tokens, per_step)
 
     def _inflow(self) -> Inflow | None:
         """What the engine's steps can take in from now: the prompt tokens queued and those
@@ -638,7 +624,7 @@ class Admission:
             running=self.running,
             sequences=ticket.sequences,
             finishing=finishing,
-            ahead=[(t.sequences, self._service_with(t, limit, True, inflow, line)) for t in waiting],
+            ahead=[(t.sequences, _service_on(line, t, inflow)) for t in waiting],
             typical_s=self.model.typical_service_s(limit),
         )
 
@@ -757,6 +743,13 @@ class QueueForecast:
                 return time_now - self.now + beyond_s
             time_now, freed = heapq.heappop(finishing)
             running -= freed
+
+
+def _service_on(line: BatchLine, ticket: Ticket, inflow: Inflow | None) -> float:
+    """`ticket`'s time in the engine at `line`'s batch, its steps taking in what `inflow` brings
+    (see `Admission._service_s`): the model at the batch and the inflow taken once for many
+    tickets, as `_forecast` asks it for every queued one."""
+    return line.service_s(ticket.prompt_tokens, ticket.expected_tokens, _step_inflow(line, ticket, inflow))
 
 
 def _step_inflow(line: BatchLine, ticket: Ticket, inflow: Inflow | None) -> float | None:

@@ -226,10 +226,14 @@ class ServiceModel:
         return (self._base + self._per_sequence * max(1, batch) + prompt_s) * self._factor(corrected)
 
     def prefill_s(self, prompt_tokens: int, corrected: bool = True) -> float:
+        return self._prefill_per_token_s() * prompt_tokens * self._factor(corrected)
+
+    def _prefill_per_token_s(self) -> float:
+        """A prompt token's prefill: the fit's per step prompt token where the engine times its
+        steps, else what light load measured."""
         if not self._fitted:
             self._fit()
-        per_token = self._per_step_prompt_token if self.engine_times_steps else self._prefill_per_token.value
-        return per_token * prompt_tokens * self._factor(corrected)
+        return self._per_step_prompt_token if self.engine_times_steps else self._prefill_per_token.value
 
     def _factor(self, corrected: bool) -> float:
         return self.correction if corrected else 1.0
@@ -259,13 +263,13 @@ class ServiceModel:
         most of a refusal's time (1.1 ms with 128 queued)."""
         if not self._fitted:
             self._fit()
+        prefill_per_token_s = self._prefill_per_token_s()  # fits the model if it has to
         factor = self._factor(corrected)
-        per_token = self._per_step_prompt_token if self.engine_times_steps else self._prefill_per_token.value
         return BatchLine(
             step_s=(self._base + self._per_sequence * max(1, batch)) * factor,
             per_step_prompt_token_s=self._per_step_prompt_token * factor,
             step_prompt_tokens=self.step_prompt_tokens(batch),
-            prefill_per_token_s=per_token * factor,
+            prefill_per_token_s=prefill_per_token_s * factor,
         )
 
     def typical_service_s(self, batch: int) -> float:
