@@ -263,7 +263,7 @@ class ServiceModel:
         most of a refusal's time (1.1 ms with 128 queued)."""
         if not self._fitted:
             self._fit()
-        prefill_per_token_s = self._prefill_per_token_s()  # fits the model if it has to
+        prefill_per_token_s = self._prefill_per_token_s()
         factor = self._factor(corrected)
         return BatchLine(
             step_s=(self._base + self._per_sequence * max(1, batch)) * factor,
