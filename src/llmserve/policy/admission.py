@@ -358,7 +358,8 @@ class Admission:
                 late = None if ticket.deadline_at is None else now > ticket.deadline_at
                 self.model.observe_finish(ticket.generated // max(1, ticket.sequences), ticket.max_tokens)
                 if self._ran_as_planned(ticket):
-                    self.model.observe_service(ticket.predicted_s, now - ticket.admitted_at)
+                    took_s = now - ticket.admitted_at
+                    self.model.observe_service(ticket.predicted_s, took_s, ticket.expected_tokens)
                 if ticket.queued and not ticket.at_risk:  # without an e2e deadline: admitted in time
                     self.headroom.observe(not late, queued_at=ticket.arrived_at)
             self.late_budget.finished(late, ticket.at_risk)
@@ -380,7 +381,7 @@ class Admission:
         ticket.planned_prompt_tokens = model.step_prompt_tokens(batch, inflow)
         ticket.planned_batch, ticket.steps_mark = batch, self._steps.mark()
         if ticket.queued and ticket.deadline_at is not None:  # admitted with no time for a slow service
-            slow_s = ticket.predicted_s * model.correction * model.tail
+            slow_s = ticket.predicted_s * model.correction * model.tail_for(ticket.expected_tokens)
             ticket.at_risk = ticket.admitted_at + slow_s > ticket.deadline_at
             if ticket.at_risk:
                 self.late_budget.take()
@@ -460,7 +461,7 @@ class Admission:
         and the arrivals bring over that time. `slow`: as a slow request of the same prediction
         takes it (the model's tail), what a request that waited plans on: see `_too_late`."""
         service_s = _service_on(self.model.at(batch, corrected), ticket, self._inflow())
-        return service_s * self.model.tail if slow else service_s
+        return service_s * self.model.tail_for(ticket.expected_tokens) if slow else service_s
 
     def _inflow(self) -> Inflow | None:
         """What the engine's steps can take in from now: the prompt tokens queued and those
