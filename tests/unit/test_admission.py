@@ -136,24 +136,30 @@ def test_a_request_plans_on_the_spread_of_requests_of_about_its_length() -> None
     assert model.tail_for(100) == model.tail  # none of its length yet: the spread of all
 
 
+async def a_waiter_beside_two_running(model: ServiceModel, queued: bool) -> tuple[Admission, list[Ticket]]:
+    """Two slots and an e2e target of 2.5 s, both slots taken by 8-token requests (0.96 s to go),
+    and a request of 10 tokens arriving (beside another: 1.2 s, after 0.96 s of waiting), which
+    must be `queued` (then withdrawn again), else refused at the door. The queue and those running."""
+    queue = admission(FakeClock(), slo=SloConfig(e2e_s=2.5), model=model, max_in_flight=2)
+    running = [await run(queue, max_tokens=8), await run(queue, max_tokens=8)]
+    waiter = queue.ticket(1, 10, 10)
+    if queued:
+        assert not queue.admit_now(waiter)
+        queue.withdraw(waiter)
+    else:
+        with pytest.raises(OverloadedError) as refused:
+            queue.admit_now(waiter)
+        assert refused.value.rejection == "overloaded"  # at the door, in milliseconds
+    return queue, running
+
+
 async def test_a_long_request_waits_if_its_own_spread_fits_where_the_spread_of_all_would_not() -> None:
     """Planned on the spread of all requests, long ones were refused at the door at 1x load while
     the engine served them in time."""
+    # After 0.96 s of waiting 1.54 s are left, for 1.1x of its 1.2 s (1.32 s) but not 1.6x (1.92 s).
     for long_slow, queued in ((1.1, True), (1.6, False)):
         model = model_with_spreads(short_slow=1.6, long_slow=long_slow)
-        queue = admission(FakeClock(), slo=SloConfig(e2e_s=2.5), model=model, max_in_flight=2)
-        running = [await run(queue, max_tokens=8), await run(queue, max_tokens=8)]  # 0.96 s to go
-        # 10 tokens beside another: 1.2 s; after 0.96 s of waiting 1.54 s are left, for 1.1x of
-        # it (1.32 s) but not 1.6x (1.92 s).
-        waiter = queue.ticket(1, 10, 10)
-        if queued:
-            assert not queue.admit_now(waiter)
-            queue.withdraw(waiter)
-        else:
-            with pytest.raises(OverloadedError):
-                queue.admit_now(waiter)
-        for ticket in running:
-            queue.release(ticket, completed=False)
+        await a_waiter_beside_two_running(model, queued)
 
 
 async def test_a_request_that_would_wait_plans_on_a_slow_service_one_that_runs_now_on_the_median() -> None:
@@ -163,19 +169,8 @@ async def test_a_request_that_would_wait_plans_on_a_slow_service_one_that_runs_n
     once. One that fits now plans on the median, so that a long request is not refused while the
     engine has room."""
     for slow, queued in ((1.0, True), (1.5, False)):
-        clock = FakeClock()
-        model = model_with_a_slow_tenth(slow)
-        queue = admission(clock, slo=SloConfig(e2e_s=2.5), model=model, max_in_flight=2)
-        running = [await run(queue, max_tokens=8), await run(queue, max_tokens=8)]  # 0.96 s to go
         # Its own 10 tokens beside another: 1.2 s, 1.8 s if slow; after 0.96 s of waiting 1.54 s left.
-        waiter = queue.ticket(1, 10, 10)
-        if queued:
-            assert not queue.admit_now(waiter)
-            queue.withdraw(waiter)
-        else:
-            with pytest.raises(OverloadedError) as refused:
-                queue.admit_now(waiter)
-            assert refused.value.rejection == "overloaded"  # at the door, in milliseconds
+        queue, running = await a_waiter_beside_two_running(model_with_a_slow_tenth(slow), queued)
         queue.release(running[0], completed=True)
         # With room: 20 tokens beside the other, 2.4 s (3.6 s if slow) of a 2.5 s target: it runs.
         assert queue.admit_now(queue.ticket(1, 10, 20))

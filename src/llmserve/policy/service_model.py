@@ -216,7 +216,7 @@ class ServiceModel:
         if len(self._errors) >= 10:
             ordered = sorted(ratio for _, ratio in self._errors)  # once, for both quantiles
             ratio = self._median_error = _quantile_of_sorted(ordered, CORRECTION_QUANTILE)
-            self.tail = max(1.0, _quantile_of_sorted(ordered, TAIL_QUANTILE) / ratio)
+            self.tail = _tail(ordered, ratio)
             correction = min(max(ratio, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
             if correction != self.correction:
                 self.correction = correction
@@ -233,7 +233,7 @@ class ServiceModel:
             near = sorted(ratio for length, ratio in self._errors if low <= length <= high)
             tail = self.tail
             if len(near) >= TAIL_MIN_SAMPLES and self._median_error > 0:
-                tail = max(1.0, _quantile_of_sorted(near, TAIL_QUANTILE) / self._median_error)
+                tail = _tail(near, self._median_error)
             self._tails[tokens] = tail
         return tail
 
@@ -394,6 +394,12 @@ class _PlaneSums:
 
     def copy(self) -> _PlaneSums:
         return _PlaneSums(**vars(self))
+
+
+def _tail(ordered: list[float], median: float) -> float:
+    """The spread of sorted ratios of actual / predicted over the median: their TAIL_QUANTILE over
+    it, never below 1."""
+    return max(1.0, _quantile_of_sorted(ordered, TAIL_QUANTILE) / median)
 
 
 def _quantile(values: Iterable[float], quantile: float) -> float:
