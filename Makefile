@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_TARGET_DEVICE := cpu
 
-.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench-overload-sim bench bench-spec bench-frontend loadtest check-config fuzz
+.PHONY: docker-test help venv model serve test test-unit test-integration lint typecheck format clean dashboard-png bench-metrics bench-overload bench-overload-sustained bench-overload-sim bench bench-spec bench-frontend loadtest check-config fuzz
 
 help:
 	@echo "make serve   set up what is missing, prepare the model, serve on 127.0.0.1:8000"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-spec  speculative decoding (ngram static/scheduled, suffix) vs plain vLLM, 1-64 streams"
 	@echo "make bench-frontend  llmserve vs vllm serve (1 and 2 API servers): real CPU engine, then a SIMULATED H200 up to 1200 req/s"
 	@echo "make bench-overload  goodput under overload: vllm serve vs llmserve without and with SLO admission"
+	@echo "make bench-overload-sustained  the same at 2x and 3x capacity sustained for 60 s, no burst"
 	@echo "make bench-overload-sim  the same at GPU rates (SIMULATED H200), mission SLO e2e 200 ms"
 	@echo "make bench   baseline vs vLLM vs vLLM+ngram, offline and online, ratios + PNG (BENCH_SCALE=0.5; 1 doubles every count)"
 	@echo "make loadtest  Locust: ceiling, a bounded run with the SLO gate, a sweep (SLO=mission|cpu-smollm2)"
@@ -76,6 +77,12 @@ bench-metrics: dashboard-png
 # seeded Poisson loads (0.5x to 4x the measured capacity) and a burst after idle; ~20 min.
 bench-overload: model
 	$(PY) -m loadtest.goodput_bench --out results/goodput
+
+# Sustained overload: 2x and 3x capacity for 60 s each, no burst (~20 min on the CPU engine). A
+# 20 s load ends before an unthrottled queue makes requests wait the SLO; this one does not.
+bench-overload-sustained: model
+	$(PY) -m loadtest.goodput_bench --loads 2,3 --duration 60 --burst 0 --page overload-sustained \
+		--out results/goodput-sustained
 
 # The same at GPU rates with the mission SLO (e2e 200 ms): the simulated H200 behind all three
 # servers (configs/sim-h200-smollm2.yaml; a SIMULATION of the forward pass only); ~10 min.

@@ -2,13 +2,17 @@
 side by side in one run, on the same model, engine arguments and seeded requests.
 
     python -m loadtest.goodput_bench            (what `make bench-overload` runs)
+    python -m loadtest.goodput_bench --loads 2,3 --duration 60 --burst 0 --page overload-sustained
+                                                (`make bench-overload-sustained`)
 
 1. Capacity: llmserve without admission, 64 clients back to back: completions per second (C)
    and the e2e p50 of a request at that batch (S).
 2. The SLO: e2e p99 target T (--e2e-slo; default 2 x S, rounded up to 0.5 s).
 3. For each server: open-loop Poisson arrivals at each --loads multiple of C for --duration s,
-   then a burst of --burst x C x T requests at once after --idle s of nothing. Client timeout 3 T:
-   a request unanswered by then has failed.
+   then a burst of --burst x C x T requests at once after --idle s of nothing (--burst 0: none).
+   Client timeout 3 T: a request unanswered by then has failed. A load shorter than T flatters a
+   server without admission: its queue stops growing before a request waits T, and every request
+   queued at the end is served by the drain; --duration 60 shows the overload it is meant to be.
 4. Per server and load: goodput (answered 200 within T, per second of arrivals), throughput,
    admitted p50/p99, refusals and their p99 as the client saw them and, for llmserve, as the
    server measured them (llmserve_rejection_latency_seconds: all, and those refused at arrival
@@ -17,9 +21,9 @@ side by side in one run, on the same model, engine arguments and seeded requests
 5. The capacity again, on the server without admission once its loads are done: the page says
    when the machine's speed moved by more than 15 % during the run.
 
-Writes results/goodput/{goodput.json,goodput.png,logs/} and docs/benchmarks/overload.md (a partial
-run, with --capacity or fewer --servers, leaves the docs alone). Loopback only, bounded in count
-and time.
+Writes results/goodput/{goodput.json,goodput.png,logs/} and docs/benchmarks/<--page>.md (default
+overload; a partial run, with --capacity or fewer --servers, leaves the docs alone). Loopback only,
+bounded in count and time.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ from loadtest.workload import seeded_prompt
 PROFILE = REPO / "configs" / "cpu-smollm2.yaml"
 JSON_HEADERS = {"Content-Type": "application/json"}
 DEFAULT_SERVERS = "vllm,off,slo"
+# The make target that writes each page (what the page says to run again).
+MAKE_TARGETS = {
+    "overload": "bench-overload",
+    "overload-sim-h200": "bench-overload-sim",
+    "overload-sustained": "bench-overload-sustained",
+}
 CAPACITY_DRIFT = 0.15  # more than this apart, the page says the machine's speed moved
 
 
@@ -346,14 +356,17 @@ def run_server(
             rows.append(
                 row(name, f"{multiple:g}x", rate, args.duration, outcomes, slo_s, before, scrape(server))
             )
-        count = max(1, math.ceil(args.burst * capacity * slo_s))
-        print(f"[{name}] {args.idle:g} s idle, then a burst of {count}", flush=True)
-        time.sleep(args.idle)
-        before = scrape(server)
-        outcomes = uvloop.run(burst(server.base_url, count, args.seed + 99, args))
-        wait_idle(server, args.timeout)
-        # A burst's goodput is per second of the SLO: how many it answered in time.
-        rows.append(row(name, f"burst {count}", float("nan"), slo_s, outcomes, slo_s, before, scrape(server)))
+        if args.burst > 0:
+            count = max(1, math.ceil(args.burst * capacity * slo_s))
+            print(f"[{name}] {args.idle:g} s idle, then a burst of {count}", flush=True)
+            time.sleep(args.idle)
+            before = scrape(server)
+            outcomes = uvloop.run(burst(server.base_url, count, args.seed + 99, args))
+            wait_idle(server, args.timeout)
+            # A burst's goodput is per second of the SLO: how many it answered in time.
+            rows.append(
+                row(name, f"burst {count}", float("nan"), slo_s, outcomes, slo_s, before, scrape(server))
+            )
         if measure_capacity_again:
             print(f"[{name}] capacity again", flush=True)
             capacity_after = closed_loop_capacity(server, args)[0]
@@ -448,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--capacity", type=float, help="req/s, measured before (skips step 1; needs --e2e-slo)"
     )
-    parser.add_argument("--burst", type=float, default=2.0, help="burst size in units of capacity x SLO")
+    parser.add_argument(
+        "--burst", type=float, default=2.0, help="burst size in units of capacity x SLO; 0: no burst"
+    )
     parser.add_argument("--idle", type=float, default=30.0)
     parser.add_argument("--timeout", type=float, help="client timeout; default 3 x SLO")
     parser.add_argument("--seed", type=int, default=0)
@@ -460,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         default=PROFILE,
         help="server profile; configs/sim-h200-smollm2.yaml: GPU rates on the simulated H200",
     )
+    parser.add_argument("--page", help="docs/benchmarks/<page>.md; default overload (overload-sim-h200)")
     args = parser.parse_args(argv)
     from llmserve.config import load_config
 
@@ -520,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}/goodput.json and goodput.png (a partial run: docs left as they are)")
         return 0
     simulated = args.profile.resolve() != PROFILE.resolve()
-    page = "overload-sim-h200" if simulated else "overload"
+    page = args.page or ("overload-sim-h200" if simulated else "overload")
     plot(rows, capacity, benchmark_image(f"{page}.png"))
     engine = (
         f"A SIMULATION ({args.profile}): "
@@ -530,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         if simulated
         else ""
     )
+    burst_said = f", then {args.idle:g} s idle and a burst" if args.burst > 0 else ""
     body = (
         f"{engine}Capacity (llmserve without admission, {args.clients} clients back to back, "
         f"{args.capacity_duration:g} s): **{capacity:.1f} req/s**, "
@@ -537,13 +554,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{capacity_drift(capacity, capacity_after)}"
         f"SLO: e2e <= **{slo_s:g} s** for completions of 16-96 prompt words and "
         f"{args.max_tokens[0]}-{args.max_tokens[1]} tokens (greedy, ignore_eos). Open-loop Poisson "
-        f"arrivals for {args.duration:g} s per load, then {args.idle:g} s idle and a burst; client timeout "
-        f"{args.timeout:g} s. Goodput: requests answered within the SLO per second of arrivals "
-        f"(for the burst: per second of SLO).\n\n{report}"
+        f"arrivals for {args.duration:g} s per load{burst_said}; client timeout "
+        f"{args.timeout:g} s. Goodput: requests answered within the SLO per second of arrivals"
+        f"{' (for the burst: per second of SLO)' if args.burst > 0 else ''}.\n\n{report}"
     )
-    target = "bench-overload-sim" if simulated else "bench-overload"
+    target = MAKE_TARGETS.get(page, "bench-overload")
     command = f"make {target}  # python -m loadtest.goodput_bench {' '.join(argv or sys.argv[1:])}"
     title = "at GPU rates on a simulated H200" if simulated else "on the CPU engine"
+    title += f" ({args.duration:g} s per load)"
     published = publish(
         page,
         f"Goodput under overload {title}: vllm serve vs llmserve",

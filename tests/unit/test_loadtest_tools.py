@@ -8,6 +8,7 @@ import pytest
 from loadtest.bench_driver import RequestResult, percentile, summarise
 from loadtest.engine_bench import derive
 from loadtest.goodput_bench import (
+    MAKE_TARGETS,
     admitted_at_risk,
     capacity_drift,
     missed_deadlines,
@@ -152,6 +153,15 @@ def test_the_overload_page_says_when_the_machine_s_speed_moved_during_the_run() 
     assert "1.58x the first" in faster
     assert "the machine's speed moved" in faster
     assert "moved" in capacity_drift(10.0, 8.0)
+
+
+def test_each_overload_page_tells_the_make_target_that_writes_it() -> None:
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    for page, target in MAKE_TARGETS.items():
+        recipe = makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        assert "loadtest.goodput_bench" in recipe, target
+        # The default page is the one a run without --page writes.
+        assert ("--page" in recipe) == (page not in {"overload", "overload-sim-h200"}), page
 
 
 def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothing_for_vllm_serve() -> None:
