@@ -78,7 +78,7 @@ bench-metrics: dashboard-png
 bench-overload: model
 	$(PY) -m loadtest.goodput_bench --out results/goodput
 
-# Sustained overload: 2x and 3x capacity for 60 s each, no burst (~20 min on the CPU engine). A
+# Sustained overload: 2x and 3x capacity for 60 s each, no burst (~15 min on the CPU engine). A
 # 20 s load ends before an unthrottled queue makes requests wait the SLO; this one does not.
 bench-overload-sustained: model
 	$(PY) -m loadtest.goodput_bench --loads 2,3 --duration 60 --burst 0 --page overload-sustained \

@@ -53,10 +53,12 @@ from loadtest.workload import seeded_prompt
 PROFILE = REPO / "configs" / "cpu-smollm2.yaml"
 JSON_HEADERS = {"Content-Type": "application/json"}
 DEFAULT_SERVERS = "vllm,off,slo"
+DEFAULT_PAGE = "overload"  # without --page: docs/benchmarks/<this>.md
+SIMULATED_PAGE = "overload-sim-h200"  # without --page, with the simulated H200's profile
 # The make target that writes each page (what the page says to run again).
 MAKE_TARGETS = {
-    "overload": "bench-overload",
-    "overload-sim-h200": "bench-overload-sim",
+    DEFAULT_PAGE: "bench-overload",
+    SIMULATED_PAGE: "bench-overload-sim",
     "overload-sustained": "bench-overload-sustained",
 }
 CAPACITY_DRIFT = 0.15  # more than this apart, the page says the machine's speed moved
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}/goodput.json and goodput.png (a partial run: docs left as they are)")
         return 0
     simulated = args.profile.resolve() != PROFILE.resolve()
-    page = args.page or ("overload-sim-h200" if simulated else "overload")
+    page = args.page or (SIMULATED_PAGE if simulated else DEFAULT_PAGE)
     plot(rows, capacity, benchmark_image(f"{page}.png"))
     engine = (
         f"A SIMULATION ({args.profile}): "
@@ -558,8 +560,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.timeout:g} s. Goodput: requests answered within the SLO per second of arrivals"
         f"{' (for the burst: per second of SLO)' if args.burst > 0 else ''}.\n\n{report}"
     )
-    target = MAKE_TARGETS.get(page, "bench-overload")
-    command = f"make {target}  # python -m loadtest.goodput_bench {' '.join(argv or sys.argv[1:])}"
+    command = f"python -m loadtest.goodput_bench {' '.join(argv or sys.argv[1:])}"
+    if page in MAKE_TARGETS:  # a page of its own has no make target to name
+        command = f"make {MAKE_TARGETS[page]}  # {command}"
     title = "at GPU rates on a simulated H200" if simulated else "on the CPU engine"
     title += f" ({args.duration:g} s per load)"
     published = publish(

@@ -8,7 +8,9 @@ import pytest
 from loadtest.bench_driver import RequestResult, percentile, summarise
 from loadtest.engine_bench import derive
 from loadtest.goodput_bench import (
+    DEFAULT_PAGE,
     MAKE_TARGETS,
+    SIMULATED_PAGE,
     admitted_at_risk,
     capacity_drift,
     missed_deadlines,
@@ -161,7 +163,7 @@ def test_each_overload_page_tells_the_make_target_that_writes_it() -> None:
         recipe = makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
         assert "loadtest.goodput_bench" in recipe, target
         # The default page is the one a run without --page writes.
-        assert ("--page" in recipe) == (page not in {"overload", "overload-sim-h200"}), page
+        assert ("--page" in recipe) == (page not in {DEFAULT_PAGE, SIMULATED_PAGE}), page
 
 
 def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothing_for_vllm_serve() -> None:
