@@ -45,7 +45,7 @@ import httpx
 import uvloop
 
 from loadtest.bench_driver import percentile
-from loadtest.prom import Scrape, bucket_deltas, delta, histogram_quantile
+from loadtest.prom import Scrape, beyond_last_bound, bucket_deltas, delta, histogram_quantile
 from loadtest.report import BENCHMARK_DOCS, benchmark_image, publish
 from loadtest.server_process import REPO, ServerProcess, start_server, start_vllm_serve
 from loadtest.workload import seeded_prompt
@@ -70,6 +70,18 @@ class Outcome:
     latency_s: float
 
 
+@dataclass(frozen=True)
+class ServerMs:
+    """A quantile of llmserve's own latency histogram, in ms; at_least when it lies past the
+    histogram's last finite edge, which is all the histogram can then say of it."""
+
+    ms: float
+    at_least: bool = False
+
+    def cell(self) -> str:
+        return f"≥{self.ms:.0f}" if self.at_least else f"{self.ms:.1f}"
+
+
 @dataclass
 class Row:
     server: str
@@ -85,8 +97,8 @@ class Row:
     admitted_p50_s: float
     admitted_p99_s: float
     refusal_p99_client_ms: float
-    refusal_p99_server_ms: float | None
-    arrival_refusal_p99_server_ms: float | None  # those refused at arrival, not after waiting
+    refusal_p99_server_ms: ServerMs | None
+    arrival_refusal_p99_server_ms: ServerMs | None  # those refused at arrival, not after waiting
     refused_after_waiting: int | None  # llmserve's count of slow refusals (queued, then refused)
     refused_by_front_end: int | None  # llmserve's count of refusals for its event loop's lag
     # llmserve's queued requests: what they took over what admission predicted, at the median,
@@ -192,9 +204,12 @@ def quantile_between(
     return histogram_quantile(quantile, bucket_deltas(after, before, name, **only))
 
 
-def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: str) -> float | None:
-    p99 = quantile_between(before, after, 0.99, "llmserve_rejection_latency_seconds", **only)
-    return None if p99 is None else p99 * 1000
+def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: str) -> ServerMs | None:
+    name = "llmserve_rejection_latency_seconds"
+    p99 = quantile_between(before, after, 0.99, name, **only)
+    if before is None or after is None or p99 is None:
+        return None
+    return ServerMs(p99 * 1000, at_least=beyond_last_bound(0.99, bucket_deltas(after, before, name, **only)))
 
 
 def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float | None:
@@ -396,9 +411,9 @@ def table(rows: list[Row]) -> str:
         "| --- | --- " + "| ---: " * 18 + "|",
     ]
     for r in rows:
-        server_ms = "n/a" if r.refusal_p99_server_ms is None else f"{r.refusal_p99_server_ms:.1f}"
+        server_ms = "n/a" if r.refusal_p99_server_ms is None else r.refusal_p99_server_ms.cell()
         arrival = r.arrival_refusal_p99_server_ms
-        arrival_ms = "n/a" if arrival is None else f"{arrival:.1f}"
+        arrival_ms = "n/a" if arrival is None else arrival.cell()
         false = "n/a" if r.false_refusals is None else str(r.false_refusals)
         slow = "n/a" if r.refused_after_waiting is None else str(r.refused_after_waiting)
         front = "n/a" if r.refused_by_front_end is None else str(r.refused_by_front_end)

@@ -55,6 +55,14 @@ def histogram_quantile(quantile: float, buckets: list[tuple[float, float]]) -> f
     return previous_bound
 
 
+def beyond_last_bound(quantile: float, buckets: list[tuple[float, float]]) -> bool:
+    """Whether the quantile falls in the +Inf bucket, where histogram_quantile can only answer the
+    last finite bound: the quantile is that much or more."""
+    buckets = sorted(buckets)
+    finite = [count for bound, count in buckets if bound != float("inf")]
+    return bool(buckets) and buckets[-1][1] > 0 and (not finite or finite[-1] < quantile * buckets[-1][1])
+
+
 def bucket_deltas(after: Scrape, before: Scrape, name: str, **only: str) -> list[tuple[float, float]]:
     """Cumulative bucket counts of histogram `name` gained between two scrapes, summed over the
     series whose labels include `only`."""

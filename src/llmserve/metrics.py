@@ -46,9 +46,11 @@ TOKEN_LATENCY_BUCKETS_S = (
 
 # Refusals should take milliseconds: finer edges at the low end, and around the 10 ms a door
 # refusal is held to at p99 (with edges at 5 and 10 ms only, a p99 between them was a straight-line
-# guess across 5 ms, whatever the refusals' real times).
+# guess across 5 ms, whatever the refusals' real times). A queued request refused after waiting
+# waits seconds, up to its deadline: edges up to two minutes, or their p99 read as "5 s or more".
 REFUSAL_BUCKETS_S = (
-    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 20.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 
 # Read in the kernel's ticks (1-4 ms): nothing finer than those, and up to the seconds a client waits

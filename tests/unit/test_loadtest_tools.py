@@ -11,6 +11,7 @@ from loadtest.goodput_bench import (
     DEFAULT_PAGE,
     MAKE_TARGETS,
     SIMULATED_PAGE,
+    ServerMs,
     admitted_at_risk,
     capacity_drift,
     missed_deadlines,
@@ -187,8 +188,8 @@ def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothin
         )
 
     before, after = scrape(5, 0, 0), scrape(105, 0, 20)
-    assert refusal_p99_server_ms(before, after) == pytest.approx(9.9)
-    assert refusal_p99_server_ms(before, after, when="at_arrival") == pytest.approx(9.9)
+    assert refusal_p99_server_ms(before, after) == ServerMs(pytest.approx(9.9))
+    assert refusal_p99_server_ms(before, after, when="at_arrival") == ServerMs(pytest.approx(9.9))
     assert queued_prediction_p50(before, after) == pytest.approx(0.95), "the queued only, this load only"
     assert queued_wait_p50(before, after) == pytest.approx(0.375), "their wait over the queue's forecast"
     vllm = Scrape.parse("vllm:num_requests_running 0\n")
@@ -196,6 +197,23 @@ def test_the_overload_bench_reads_llmserves_histograms_over_each_load_and_nothin
     assert queued_prediction_p50(vllm, vllm) is None
     assert queued_prediction_p50(None, after) is None
     assert queued_wait_p50(vllm, vllm) is None
+
+
+def test_a_refusal_p99_past_the_histograms_last_edge_is_printed_as_at_least_that_edge() -> None:
+    refusals = "llmserve_rejection_latency_seconds_bucket"
+
+    def scrape(within_a_second: int, past_two_minutes: int) -> Scrape:
+        return Scrape.parse(
+            f'{refusals}{{when="at_arrival",le="1.0"}} {within_a_second}\n'
+            f'{refusals}{{when="at_arrival",le="120.0"}} {within_a_second}\n'
+            f'{refusals}{{when="at_arrival",le="+Inf"}} {within_a_second + past_two_minutes}\n'
+        )
+
+    p99 = refusal_p99_server_ms(scrape(0, 0), scrape(90, 10))
+    assert p99 == ServerMs(120_000.0, at_least=True)
+    assert p99.cell() == "≥120000", "not a figure the histogram cannot know"
+    assert refusal_p99_server_ms(scrape(0, 0), scrape(100, 0)) == ServerMs(pytest.approx(990.0))
+    assert ServerMs(990.0).cell() == "990.0"
 
 
 def test_the_overload_bench_counts_late_answers_by_how_admission_let_them_in() -> None:
