@@ -18,8 +18,9 @@ side by side in one run, on the same model, engine arguments and seeded requests
    server measured them (llmserve_rejection_latency_seconds: all, and those refused at arrival
    apart from those refused after waiting in the queue), and false refusals (refused at a load
    where a server without admission answered every request within T).
-5. The capacity again, on the server without admission once its loads are done: the page says
-   when the machine's speed moved by more than 15 % during the run.
+5. The capacity again, on the server without admission once its loads are done, and the engine
+   step each llmserve server's calibration measured at its start: the page says when either
+   moved by more than 15 % during the run.
 
 Writes results/goodput/{goodput.json,goodput.png,logs/} and docs/benchmarks/<--page>.md (default
 overload; a partial run, with --capacity or fewer --servers, leaves the docs alone). Loopback only,
@@ -314,16 +315,44 @@ def wait_idle(server: ServerProcess, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def measure_capacity(args: argparse.Namespace, workdir: Path) -> tuple[float, float]:
+def measure_capacity(args: argparse.Namespace, workdir: Path) -> tuple[float, float, float | None]:
+    """Capacity, its e2e p50, and the server's calibrated step (ms, `calibrated_step_ms`)."""
     server = start_server(
         workdir / "capacity.log", "--config", str(args.profile), "--set", "admission.enabled=false"
     )
     try:
         server.wait_ready(300)
+        step_ms = calibrated_step_ms(scrape(server))
         uvloop.run(closed_loop(server.base_url, 8, 5, args))  # warm
-        return closed_loop_capacity(server, args)
+        return (*closed_loop_capacity(server, args), step_ms)
     finally:
         server.stop()
+
+
+def calibrated_step_ms(scraped: Scrape | None) -> float | None:
+    """Admission's predicted engine step at a batch of 1, in ms, read as the server reports ready
+    (None for a server that does not export it): what the same start-up calibration measured,
+    the step alone and the prompt tokens its steps took in, so the machine's speed as that server
+    met it."""
+    name = "llmserve_admission_predicted_step_seconds"
+    if scraped is None or not scraped.has(name):
+        return None
+    return scraped.value(name, batch="1") * 1000
+
+
+def engine_speeds(steps_ms: dict[str, float]) -> str:
+    """What the page says of the step each llmserve server calibrated at its start."""
+    if not steps_ms:
+        return ""
+    said = "Engine step at a batch of 1 as each llmserve server calibrated it at its start: " + ", ".join(
+        f"{name} {ms:.1f} ms" for name, ms in steps_ms.items()
+    )
+    if max(steps_ms.values()) <= (1 + CAPACITY_DRIFT) * min(steps_ms.values()):
+        return said + ". "
+    return (
+        said + ": the machine's speed moved between them, so a load's multiple of the capacity is "
+        "not the same overload for each server. "
+    )
 
 
 def closed_loop_capacity(server: ServerProcess, args: argparse.Namespace) -> tuple[float, float]:
@@ -354,13 +383,16 @@ def run_server(
     args: argparse.Namespace,
     capacity: float,
     slo_s: float,
+    steps_ms: dict[str, float | None],
     measure_capacity_again: bool = False,
 ) -> tuple[list[Row], float | None]:
-    """Its rows, and the capacity measured again once its loads are done (if asked, else None)."""
+    """Its rows, and the capacity measured again once its loads are done (if asked, else None);
+    its calibrated step into `steps_ms`."""
     rows: list[Row] = []
     capacity_after: float | None = None
     try:
         server.wait_ready(600)
+        steps_ms[name] = calibrated_step_ms(scrape(server))
         uvloop.run(closed_loop(server.base_url, 4, 3, args))  # warm
         for multiple in args.loads:
             rate = multiple * capacity
@@ -503,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--capacity needs --e2e-slo")
     workdir = args.out / "logs"  # the servers' logs, kept for reading after the run
     workdir.mkdir(exist_ok=True)
+    steps_ms: dict[str, float | None] = {}  # the step each llmserve server calibrated
     if args.capacity is None:
-        capacity, full_batch_p50 = measure_capacity(args, workdir)
+        capacity, full_batch_p50, steps_ms["capacity"] = measure_capacity(args, workdir)
     else:
         capacity, full_batch_p50 = args.capacity, args.e2e_slo / 2
     slo_s = args.e2e_slo or max(0.5, math.ceil(2 * full_batch_p50 * 2) / 2)
@@ -531,17 +564,21 @@ def main(argv: list[str] | None = None) -> int:
     capacity_after: float | None = None
     for key in args.servers.split(","):
         name, start = servers[key]
-        server_rows, measured_again = run_server(name, start(), args, capacity, slo_s, key == "off")
+        server_rows, measured_again = run_server(name, start(), args, capacity, slo_s, steps_ms, key == "off")
         rows += server_rows
         capacity_after = measured_again if measured_again is not None else capacity_after
     mark_false_refusals(rows)
     report = table(rows)
     print(report)
+    speeds = engine_speeds({name: ms for name, ms in steps_ms.items() if ms is not None})
+    if speeds:
+        print(speeds)
     (args.out / "goodput.json").write_text(
         json.dumps(
             {
                 "capacity_rps": capacity,
                 "capacity_after_rps": capacity_after,
+                "calibrated_step_ms": steps_ms,
                 "slo_e2e_s": slo_s,
                 "rows": [asdict(r) for r in rows],
             },
@@ -569,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.capacity_duration:g} s): **{capacity:.1f} req/s**, "
         f"e2e p50 {full_batch_p50:.2f} s at that batch. "
         f"{capacity_drift(capacity, capacity_after)}"
+        f"{speeds}"
         f"SLO: e2e <= **{slo_s:g} s** for completions of 16-96 prompt words and "
         f"{args.max_tokens[0]}-{args.max_tokens[1]} tokens (greedy, ignore_eos). Open-loop Poisson "
         f"arrivals for {args.duration:g} s per load{burst_said}; client timeout "

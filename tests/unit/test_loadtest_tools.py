@@ -13,7 +13,9 @@ from loadtest.goodput_bench import (
     SIMULATED_PAGE,
     ServerMs,
     admitted_at_risk,
+    calibrated_step_ms,
     capacity_drift,
+    engine_speeds,
     missed_deadlines,
     queued_prediction_p50,
     queued_wait_p50,
@@ -156,6 +158,20 @@ def test_the_overload_page_says_when_the_machine_s_speed_moved_during_the_run() 
     assert "1.58x the first" in faster
     assert "the machine's speed moved" in faster
     assert "moved" in capacity_drift(10.0, 8.0)
+
+
+def test_the_overload_page_says_when_the_machine_was_slower_for_one_server_than_another() -> None:
+    gauge = "llmserve_admission_predicted_step_seconds"
+    llmserve = Scrape.parse(f'{gauge}{{model="m",batch="1"}} 0.0558\n{gauge}{{model="m",batch="64"}} 0.23\n')
+    assert calibrated_step_ms(llmserve) == pytest.approx(55.8), "the step with one sequence running"
+    assert calibrated_step_ms(Scrape.parse("vllm:num_requests_running 0\n")) is None, "vllm serve has none"
+    assert calibrated_step_ms(None) is None
+    assert engine_speeds({}) == ""
+    steady = engine_speeds({"capacity": 55.8, "llmserve, SLO admission": 58.0})
+    assert "capacity 55.8 ms" in steady
+    assert "moved" not in steady
+    moved = engine_speeds({"capacity": 55.8, "llmserve, no admission": 70.9, "llmserve, SLO admission": 70.7})
+    assert "moved between them" in moved, "a quarter slower by the SLO server's loads: not the same 1x"
 
 
 def test_each_overload_page_tells_the_make_target_that_writes_it() -> None:
