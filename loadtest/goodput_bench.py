@@ -195,22 +195,29 @@ async def closed_loop(
     return outcomes
 
 
+def buckets_between(
+    before: Scrape | None, after: Scrape | None, name: str, **only: str
+) -> list[tuple[float, float]] | None:
+    """The buckets histogram `name` gained between two scrapes of llmserve; None for a server
+    that does not export it, or without scrapes."""
+    if before is None or after is None or not after.has(f"{name}_bucket"):
+        return None
+    return bucket_deltas(after, before, name, **only)
+
+
 def quantile_between(
     before: Scrape | None, after: Scrape | None, quantile: float, name: str, **only: str
 ) -> float | None:
-    """The quantile of histogram `name` over what it gained between two scrapes of llmserve;
-    None for a server that does not export it, or without scrapes."""
-    if before is None or after is None or not after.has(f"{name}_bucket"):
-        return None
-    return histogram_quantile(quantile, bucket_deltas(after, before, name, **only))
+    """The quantile of histogram `name` over what it gained between two scrapes of llmserve."""
+    buckets = buckets_between(before, after, name, **only)
+    return None if buckets is None else histogram_quantile(quantile, buckets)
 
 
 def refusal_p99_server_ms(before: Scrape | None, after: Scrape | None, **only: str) -> ServerMs | None:
-    name = "llmserve_rejection_latency_seconds"
-    p99 = quantile_between(before, after, 0.99, name, **only)
-    if before is None or after is None or p99 is None:
+    buckets = buckets_between(before, after, "llmserve_rejection_latency_seconds", **only)
+    if buckets is None or (p99 := histogram_quantile(0.99, buckets)) is None:
         return None
-    return ServerMs(p99 * 1000, at_least=beyond_last_bound(0.99, bucket_deltas(after, before, name, **only)))
+    return ServerMs(p99 * 1000, at_least=beyond_last_bound(0.99, buckets))
 
 
 def queued_prediction_p50(before: Scrape | None, after: Scrape | None) -> float | None:
