@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 from loadtest.prom import Scrape, delta
+from prometheus_client import generate_latest
 
 from llmserve.metrics import LATENCY_BUCKETS_S, REJECTION_REASONS, GatewayMetrics, route_label
 from tests.unit.conftest import MODEL
@@ -94,3 +95,15 @@ def test_probes_and_scrapes_are_counted_but_not_as_generation_latency(client: Te
 def test_each_app_has_its_own_registry() -> None:
     first, second = GatewayMetrics(MODEL), GatewayMetrics(MODEL)
     assert first.registry is not second.registry
+
+
+def test_a_refusal_after_waiting_is_timed_to_the_second_not_only_as_over_five_seconds() -> None:
+    """A queued request refused after waiting waits up to its deadline: the refusal histogram's
+    edges reach past the 5 s it once stopped at, so its p99 is a time, not a lower bound."""
+    metrics = GatewayMetrics(MODEL)
+    metrics.rejection_latency.labels(MODEL, "/v1/completions", "after_waiting").observe(6.0)
+    scraped = Scrape.parse(generate_latest(metrics.registry).decode())
+    bucket = "llmserve_rejection_latency_seconds_bucket"
+    assert scraped.value(bucket, le="5.0") == 0
+    assert scraped.value(bucket, le="10.0") == 1
+    assert scraped.value(bucket, le="120.0") == 1
